@@ -1,0 +1,219 @@
+// Package config holds airlock's settings: their defaults, how they are read
+// (config.yaml, --config, AIRLOCK_* environment variables, flags) and how they
+// are checked. Every key here is documented in the repository's config.yaml.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+)
+
+// Shim names accepted by runtime.shim.
+const (
+	ShimAuto  = "auto"
+	ShimRunc  = "io.containerd.runc.v2"  // containerd's runc shim with runsc as its binary
+	ShimRunsc = "io.containerd.runsc.v1" // gVisor's own shim
+)
+
+// DefaultImage is the reference `airlock image build` tags.
+const DefaultImage = "airlock.local/sandbox:bookworm"
+
+// Config is the whole of airlock's configuration.
+type Config struct {
+	StateDir   string           `mapstructure:"state_dir"`
+	Log        LogConfig        `mapstructure:"log"`
+	Containerd ContainerdConfig `mapstructure:"containerd"`
+	Runtime    RuntimeConfig    `mapstructure:"runtime"`
+	Image      string           `mapstructure:"image"`
+	Limits     Limits           `mapstructure:"limits"`
+	Sandbox    SandboxConfig    `mapstructure:"sandbox"`
+}
+
+// LogConfig says where and how airlock logs. Logs always go to stderr:
+// stdout belongs to the stdio transport.
+type LogConfig struct {
+	Level  string `mapstructure:"level"`
+	Format string `mapstructure:"format"`
+}
+
+// ContainerdConfig selects the containerd daemon.
+type ContainerdConfig struct {
+	// Address of an external daemon's socket; empty starts an embedded one.
+	Address   string `mapstructure:"address"`
+	Namespace string `mapstructure:"namespace"`
+	// Binary is the containerd executable the embedded daemon runs.
+	Binary string `mapstructure:"binary"`
+}
+
+// RuntimeConfig selects how gVisor is started.
+type RuntimeConfig struct {
+	Shim       string   `mapstructure:"shim"`
+	Runsc      string   `mapstructure:"runsc"`
+	RunscFlags []string `mapstructure:"runsc_flags"`
+}
+
+// Limits are the per-run resource limits and the server-wide concurrency cap.
+type Limits struct {
+	TimeoutS    int     `mapstructure:"timeout_s"`
+	MaxTimeoutS int     `mapstructure:"max_timeout_s"`
+	MemoryMB    int     `mapstructure:"memory_mb"`
+	CPUs        float64 `mapstructure:"cpus"`
+	Pids        int     `mapstructure:"pids"`
+	StdoutBytes int     `mapstructure:"stdout_bytes"`
+	StderrBytes int     `mapstructure:"stderr_bytes"`
+	CodeBytes   int     `mapstructure:"code_bytes"`
+	WorkspaceMB int     `mapstructure:"workspace_mb"`
+	TmpMB       int     `mapstructure:"tmp_mb"`
+	Concurrency int     `mapstructure:"concurrency"`
+}
+
+// SandboxConfig is what the code inside a sandbox sees.
+type SandboxConfig struct {
+	UID int `mapstructure:"uid"`
+	GID int `mapstructure:"gid"`
+	// Env holds extra fixed variables the operator grants every sandbox.
+	// Nothing of the server's own environment is ever passed.
+	Env map[string]string `mapstructure:"env"`
+}
+
+// Defaults returns the built-in configuration, the same as config.yaml.
+func Defaults() Config {
+	return Config{
+		StateDir:   "/var/lib/airlock",
+		Log:        LogConfig{Level: "info", Format: "text"},
+		Containerd: ContainerdConfig{Namespace: "airlock", Binary: "containerd"},
+		Runtime:    RuntimeConfig{Shim: ShimAuto, Runsc: "runsc"},
+		Image:      DefaultImage,
+		Limits: Limits{
+			TimeoutS:    30,
+			MaxTimeoutS: 300,
+			MemoryMB:    512,
+			CPUs:        1,
+			Pids:        128,
+			StdoutBytes: 64 << 10,
+			StderrBytes: 64 << 10,
+			CodeBytes:   1 << 20,
+			WorkspaceMB: 64,
+			TmpMB:       64,
+			Concurrency: 4,
+		},
+		Sandbox: SandboxConfig{UID: 1000, GID: 1000, Env: map[string]string{}},
+	}
+}
+
+// SetDefaults registers every default with v, so environment variables and
+// flags can override keys that no file sets.
+func SetDefaults(v *viper.Viper) {
+	d := Defaults()
+	v.SetDefault("state_dir", d.StateDir)
+	v.SetDefault("log.level", d.Log.Level)
+	v.SetDefault("log.format", d.Log.Format)
+	v.SetDefault("containerd.address", d.Containerd.Address)
+	v.SetDefault("containerd.namespace", d.Containerd.Namespace)
+	v.SetDefault("containerd.binary", d.Containerd.Binary)
+	v.SetDefault("runtime.shim", d.Runtime.Shim)
+	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
+	v.SetDefault("runtime.runsc_flags", d.Runtime.RunscFlags)
+	v.SetDefault("image", d.Image)
+	v.SetDefault("limits.timeout_s", d.Limits.TimeoutS)
+	v.SetDefault("limits.max_timeout_s", d.Limits.MaxTimeoutS)
+	v.SetDefault("limits.memory_mb", d.Limits.MemoryMB)
+	v.SetDefault("limits.cpus", d.Limits.CPUs)
+	v.SetDefault("limits.pids", d.Limits.Pids)
+	v.SetDefault("limits.stdout_bytes", d.Limits.StdoutBytes)
+	v.SetDefault("limits.stderr_bytes", d.Limits.StderrBytes)
+	v.SetDefault("limits.code_bytes", d.Limits.CodeBytes)
+	v.SetDefault("limits.workspace_mb", d.Limits.WorkspaceMB)
+	v.SetDefault("limits.tmp_mb", d.Limits.TmpMB)
+	v.SetDefault("limits.concurrency", d.Limits.Concurrency)
+	v.SetDefault("sandbox.uid", d.Sandbox.UID)
+	v.SetDefault("sandbox.gid", d.Sandbox.GID)
+	v.SetDefault("sandbox.env", d.Sandbox.Env)
+}
+
+// Load reads the configuration. path may be empty: then ./config.yaml and
+// /etc/airlock/config.yaml are tried, and none is needed. AIRLOCK_LIMITS_TIMEOUT_S
+// overrides limits.timeout_s, and so on for every key.
+func Load(v *viper.Viper, path string) (Config, error) {
+	SetDefaults(v)
+	v.SetEnvPrefix("AIRLOCK")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	if path != "" {
+		v.SetConfigFile(path)
+		if err := v.ReadInConfig(); err != nil {
+			return Config{}, fmt.Errorf("read config %s: %w", path, err)
+		}
+	} else {
+		v.SetConfigName("config")
+		v.SetConfigType("yaml")
+		v.AddConfigPath(".")
+		v.AddConfigPath("/etc/airlock")
+		if err := v.ReadInConfig(); err != nil {
+			var notFound viper.ConfigFileNotFoundError
+			if !errors.As(err, &notFound) {
+				return Config{}, fmt.Errorf("read config: %w", err)
+			}
+		}
+	}
+	var c Config
+	if err := v.Unmarshal(&c); err != nil {
+		return Config{}, fmt.Errorf("decode config: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Validate reports the first setting that cannot work, naming its key.
+func (c Config) Validate() error {
+	l := c.Limits
+	checks := []struct {
+		ok  bool
+		msg string
+	}{
+		{c.StateDir != "" && strings.HasPrefix(c.StateDir, "/"), "state_dir must be an absolute path"},
+		{c.Containerd.Namespace != "", "containerd.namespace must not be empty"},
+		{c.Runtime.Shim == ShimAuto || c.Runtime.Shim == ShimRunc || c.Runtime.Shim == ShimRunsc,
+			fmt.Sprintf("runtime.shim must be %q, %q or %q", ShimAuto, ShimRunc, ShimRunsc)},
+		{c.Image != "", "image must name an image reference"},
+		{l.TimeoutS >= 1, "limits.timeout_s must be at least 1"},
+		{l.MaxTimeoutS >= l.TimeoutS, "limits.max_timeout_s must be at least limits.timeout_s"},
+		{l.MemoryMB >= 32, "limits.memory_mb must be at least 32"},
+		{l.CPUs > 0, "limits.cpus must be greater than 0"},
+		{l.Pids >= 8, "limits.pids must be at least 8"},
+		{l.StdoutBytes >= 1 && l.StderrBytes >= 1, "limits.stdout_bytes and limits.stderr_bytes must be at least 1"},
+		{l.CodeBytes >= 1, "limits.code_bytes must be at least 1"},
+		{l.WorkspaceMB >= 1 && l.TmpMB >= 1, "limits.workspace_mb and limits.tmp_mb must be at least 1"},
+		{l.Concurrency >= 1, "limits.concurrency must be at least 1"},
+		{c.Sandbox.UID > 0 && c.Sandbox.GID > 0, "sandbox.uid and sandbox.gid must be non-zero: sandboxes never run as root"},
+	}
+	for _, ch := range checks {
+		if !ch.ok {
+			return fmt.Errorf("invalid config: %s", ch.msg)
+		}
+	}
+	for k := range c.Sandbox.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("invalid config: sandbox.env key %q is not a valid variable name", k)
+		}
+	}
+	return nil
+}
+
+// Timeout is the default wall-clock limit of one run.
+func (l Limits) Timeout() time.Duration { return time.Duration(l.TimeoutS) * time.Second }
+
+// ContainerdSocket is where the embedded daemon listens.
+func (c Config) ContainerdSocket() string {
+	return c.StateDir + "/containerd/containerd.sock"
+}
+
+// IsRoot reports whether the process runs as root, which sandboxes need.
+func IsRoot() bool { return os.Geteuid() == 0 }

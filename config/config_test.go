@@ -1,0 +1,73 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/viper"
+)
+
+func TestDefaultsAreValid(t *testing.T) {
+	if err := Defaults().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The shipped config.yaml must state exactly the built-in defaults.
+func TestShippedConfigMatchesDefaults(t *testing.T) {
+	c, err := Load(viper.New(), filepath.Join("..", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := Defaults()
+	if c.Limits != d.Limits || c.StateDir != d.StateDir || c.Image != d.Image || c.Runtime.Shim != d.Runtime.Shim ||
+		c.Containerd != d.Containerd || c.Sandbox.UID != d.Sandbox.UID || c.Log != d.Log {
+		t.Errorf("config.yaml = %+v\ndefaults    = %+v", c, d)
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	t.Setenv("AIRLOCK_LIMITS_TIMEOUT_S", "7")
+	t.Setenv("AIRLOCK_CONTAINERD_ADDRESS", "/run/x.sock")
+	c, err := Load(viper.New(), filepath.Join("..", "config.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Limits.TimeoutS != 7 || c.Containerd.Address != "/run/x.sock" {
+		t.Errorf("env not applied: timeout %d address %q", c.Limits.TimeoutS, c.Containerd.Address)
+	}
+}
+
+func TestValidateNamesTheKey(t *testing.T) {
+	cases := map[string]func(*Config){
+		"limits.timeout_s":     func(c *Config) { c.Limits.TimeoutS = 0 },
+		"limits.max_timeout_s": func(c *Config) { c.Limits.MaxTimeoutS = 1; c.Limits.TimeoutS = 5 },
+		"limits.memory_mb":     func(c *Config) { c.Limits.MemoryMB = 1 },
+		"limits.pids":          func(c *Config) { c.Limits.Pids = 0 },
+		"limits.concurrency":   func(c *Config) { c.Limits.Concurrency = 0 },
+		"runtime.shim":         func(c *Config) { c.Runtime.Shim = "runc" },
+		"sandbox.uid":          func(c *Config) { c.Sandbox.UID = 0 },
+		"state_dir":            func(c *Config) { c.StateDir = "relative" },
+		"sandbox.env":          func(c *Config) { c.Sandbox.Env = map[string]string{"A=B": "x"} },
+	}
+	for key, mutate := range cases {
+		t.Run(key, func(t *testing.T) {
+			c := Defaults()
+			mutate(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), key) {
+				t.Errorf("err = %v, want it to name %s", err, key)
+			}
+		})
+	}
+}
+
+func TestLoadReportsBadFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	_ = os.WriteFile(p, []byte("limits: [1,2"), 0o600)
+	if _, err := Load(viper.New(), p); err == nil || !strings.Contains(err.Error(), p) {
+		t.Errorf("err = %v, want it to name the file", err)
+	}
+}

@@ -1,0 +1,214 @@
+// Package boot brings up airlock's runtime from its configuration: the
+// instance registration, the containerd daemon (embedded or external), the
+// client, the image, the shim choice and the sandbox manager. Close unwinds
+// them in reverse order.
+package boot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/daemon"
+	"github.com/airlock-mcp/airlock/runtime/image"
+	"github.com/airlock-mcp/airlock/runtime/instance"
+)
+
+// Stack is a running runtime. Close it on every exit path.
+type Stack struct {
+	Config   config.Config
+	Instance *instance.Instance
+	Daemon   *daemon.Daemon // nil when an external containerd is used
+	Client   *containerd.Client
+	Manager  *runtime.ContainerdManager
+	Shim     string
+	log      *slog.Logger
+	closers  []func(context.Context)
+}
+
+// Need says how much of the stack a command needs.
+type Need int
+
+// What a command needs brought up.
+const (
+	NeedClient  Need = iota // daemon and client (image and gc commands)
+	NeedManager             // everything, ready to run sandboxes
+)
+
+// Up brings the stack up to need. On error, what was acquired is released.
+func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s *Stack, err error) {
+	if !config.IsRoot() {
+		return nil, errors.New("airlock must run as root to create sandboxes (for desktop clients, see `airlock connect` in the README)")
+	}
+	s = &Stack{Config: cfg, log: log}
+	defer func() {
+		if err != nil {
+			s.Close(context.WithoutCancel(ctx))
+			s = nil
+		}
+	}()
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return s, fmt.Errorf("create state_dir: %w", err)
+	}
+	inst, err := instance.Register(cfg.StateDir)
+	if err != nil {
+		return s, err
+	}
+	s.Instance = inst
+	s.closers = append(s.closers, func(context.Context) { _ = inst.Close() })
+
+	addr := cfg.Containerd.Address
+	if addr == "" {
+		d, err := daemon.Acquire(ctx, daemon.Options{StateDir: cfg.StateDir, Binary: cfg.Containerd.Binary, Log: log})
+		if err != nil {
+			return s, fmt.Errorf("embedded containerd: %w", err)
+		}
+		s.Daemon = d
+		addr = d.Address
+		s.closers = append(s.closers, func(ctx context.Context) {
+			if err := d.Release(ctx, inst.ID); err != nil {
+				log.Warn("release embedded containerd", "err", err)
+			}
+		})
+	}
+	client, err := containerd.New(addr, containerd.WithDefaultNamespace(cfg.Containerd.Namespace), containerd.WithTimeout(10*time.Second))
+	if err != nil {
+		return s, fmt.Errorf("connect to containerd at %s: %w", addr, err)
+	}
+	s.Client = client
+	s.closers = append(s.closers, func(context.Context) { _ = client.Close() })
+
+	// Sandboxes of instances that died without cleaning up.
+	nctx := namespaces.WithNamespace(ctx, cfg.Containerd.Namespace)
+	if n, err := runtime.RemoveSandboxes(nctx, client, cfg.Containerd.Namespace, func(id string) bool {
+		return id != inst.ID && !instance.Alive(cfg.StateDir, id)
+	}); err != nil {
+		log.Warn("remove orphaned sandboxes", "err", err)
+	} else if n > 0 {
+		log.Info("removed orphaned sandboxes", "count", n)
+	}
+	if need == NeedClient {
+		return s, nil
+	}
+
+	img, err := image.Ensure(nctx, client, cfg.Image)
+	if err != nil {
+		return s, err
+	}
+	runsc, err := exec.LookPath(cfg.Runtime.Runsc)
+	if err != nil {
+		return s, fmt.Errorf("find runsc %q (run `airlock doctor`): %w", cfg.Runtime.Runsc, err)
+	}
+	runsc, _ = filepath.Abs(runsc)
+	base := runtime.Options{
+		Client:      client,
+		Namespace:   cfg.Containerd.Namespace,
+		Image:       img,
+		Runsc:       runsc,
+		RunscFlags:  cfg.Runtime.RunscFlags,
+		InstanceID:  inst.ID,
+		StateDir:    cfg.StateDir,
+		UID:         uint32(cfg.Sandbox.UID),
+		GID:         uint32(cfg.Sandbox.GID),
+		Env:         cfg.Sandbox.Env,
+		Concurrency: cfg.Limits.Concurrency,
+		Log:         log,
+	}
+	shim := cfg.Runtime.Shim
+	if shim == config.ShimAuto {
+		shim, err = DetectShim(ctx, base, runsc)
+		if err != nil {
+			return s, err
+		}
+	}
+	base.Shim = shim
+	m, err := runtime.NewContainerd(ctx, base)
+	if err != nil {
+		return s, err
+	}
+	s.Shim = shim
+	s.Manager = m
+	s.closers = append(s.closers, func(ctx context.Context) {
+		if err := m.Close(ctx); err != nil {
+			log.Warn("remove sandboxes", "err", err)
+		}
+	})
+	return s, nil
+}
+
+// Close releases the stack in reverse order of acquisition.
+func (s *Stack) Close(ctx context.Context) {
+	if s == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		s.closers[i](ctx)
+	}
+	s.closers = nil
+}
+
+// DetectShim finds the shim that starts a sandbox on this host, preferring
+// gVisor's own. The answer is cached in state_dir, keyed by the runsc binary,
+// so only the first start pays for the probe.
+func DetectShim(ctx context.Context, o runtime.Options, runsc string) (string, error) {
+	key := cacheKey(runsc)
+	cache := filepath.Join(o.StateDir, "shim.detected")
+	if b, err := os.ReadFile(cache); err == nil {
+		if k, shim, ok := strings.Cut(strings.TrimSpace(string(b)), " "); ok && k == key {
+			return shim, nil
+		}
+	}
+	var errs []error
+	for _, shim := range []string{runtime.ShimRunsc, runtime.ShimRunc} {
+		if err := ProbeShim(ctx, o, shim); err != nil {
+			o.Log.Info("shim does not work on this host", "shim", shim, "err", err)
+			errs = append(errs, fmt.Errorf("%s: %w", shim, err))
+			continue
+		}
+		_ = os.WriteFile(cache, []byte(key+" "+shim+"\n"), 0o600)
+		o.Log.Info("detected working shim", "shim", shim)
+		return shim, nil
+	}
+	return "", fmt.Errorf("no shim starts a gVisor sandbox on this host (run `airlock doctor`): %w", errors.Join(errs...))
+}
+
+// ProbeShim runs `true` in a sandbox with shim and reports why it failed, if it did.
+func ProbeShim(ctx context.Context, o runtime.Options, shim string) error {
+	o.Shim = shim
+	o.Concurrency = 1
+	m, err := runtime.NewContainerd(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer m.Close(context.WithoutCancel(ctx))
+	lim := runtime.Limits{Timeout: 20 * time.Second, MemoryBytes: 128 << 20, CPUs: 1, Pids: 32, StdoutBytes: 1024, StderrBytes: 4096, WorkspaceBytes: 1 << 20, TmpBytes: 1 << 20}
+	res, err := m.Run(ctx, runtime.Request{Language: runtime.Shell, Code: "echo airlock-probe", Limits: lim})
+	if err != nil {
+		return err
+	}
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "airlock-probe") {
+		return fmt.Errorf("probe exited %d: %s", res.ExitCode, strings.TrimSpace(res.Stderr))
+	}
+	return nil
+}
+
+func cacheKey(path string) string {
+	st, err := os.Stat(path)
+	if err != nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s:%d:%d", path, st.Size(), st.ModTime().Unix())
+}

@@ -1,0 +1,397 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd/api/events"
+	"github.com/containerd/containerd/api/types/runc/options"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/containerd/typeurl/v2"
+)
+
+// Shim names, as containerd knows them.
+const (
+	ShimRunc  = "io.containerd.runc.v2"
+	ShimRunsc = "io.containerd.runsc.v1"
+)
+
+// Labels put on every container and snapshot airlock creates, so that
+// Close and GC find exactly their own.
+const (
+	LabelInstance = "airlock.instance"
+	LabelRun      = "airlock.run"
+)
+
+// cleanupTimeout bounds teardown, which runs even after the caller gave up.
+const cleanupTimeout = 30 * time.Second
+
+// Options configure a ContainerdManager.
+type Options struct {
+	Client     *containerd.Client
+	Namespace  string
+	Image      containerd.Image
+	Shim       string
+	Runsc      string   // absolute path of runsc
+	RunscFlags []string // extra global runsc flags (runc shim only)
+	InstanceID string
+	StateDir   string
+	UID, GID   uint32
+	Env        map[string]string
+	// Concurrency is how many sandboxes may run at once; past it Run returns ErrBusy.
+	Concurrency int
+	Log         *slog.Logger
+}
+
+// ContainerdManager runs each request in a new gVisor sandbox via containerd.
+type ContainerdManager struct {
+	o           Options
+	runtimeOpts any
+	sem         chan struct{}
+	oomMu       sync.Mutex
+	oom         map[string]bool
+	stopEvents  context.CancelFunc
+	fifoDir     string
+}
+
+// NewContainerd checks its options and starts watching for OOM events.
+func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
+	if o.Client == nil || o.Image == nil {
+		return nil, errors.New("runtime: client and image are required")
+	}
+	if o.Concurrency < 1 {
+		o.Concurrency = 1
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	m := &ContainerdManager{
+		o:       o,
+		sem:     make(chan struct{}, o.Concurrency),
+		oom:     map[string]bool{},
+		fifoDir: filepath.Join(o.StateDir, "fifo"),
+	}
+	if err := os.MkdirAll(m.fifoDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create fifo dir: %w", err)
+	}
+	switch o.Shim {
+	case ShimRunc:
+		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, o.RunscFlags)
+		if err != nil {
+			return nil, err
+		}
+		m.runtimeOpts = &options.Options{BinaryName: wrapper}
+	case ShimRunsc:
+		// gVisor's shim finds runsc on containerd's PATH and takes no options here.
+	default:
+		return nil, fmt.Errorf("runtime: unknown shim %q", o.Shim)
+	}
+	evCtx, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), o.Namespace))
+	m.stopEvents = cancel
+	go m.watchOOM(evCtx)
+	return m, nil
+}
+
+// WriteRunscWrapper writes the executable the runc shim runs in place of runc:
+// runsc with airlock's global flags. It returns the wrapper's path.
+func WriteRunscWrapper(stateDir, runsc string, flags []string) (string, error) {
+	if !filepath.IsAbs(runsc) {
+		return "", fmt.Errorf("runsc path %q must be absolute", runsc)
+	}
+	dir := filepath.Join(stateDir, "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("create wrapper dir: %w", err)
+	}
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n# Written by airlock: runsc with airlock's flags, run by containerd's runc shim.\nexec ")
+	b.WriteString(shellQuote(runsc))
+	// No network stack at all unless a later policy asks for one; the empty
+	// network namespace is a second, independent barrier.
+	for _, f := range append([]string{"--network=none"}, flags...) {
+		b.WriteString(" " + shellQuote(f))
+	}
+	b.WriteString(" \"$@\"\n")
+	p := filepath.Join(dir, "runsc-airlock")
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o755); err != nil {
+		return "", fmt.Errorf("write runsc wrapper: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		return "", fmt.Errorf("install runsc wrapper: %w", err)
+	}
+	return p, nil
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func (m *ContainerdManager) watchOOM(ctx context.Context) {
+	for ctx.Err() == nil {
+		ch, errs := m.o.Client.Subscribe(ctx, `topic=="/tasks/oom"`)
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case env := <-ch:
+				v, err := typeurl.UnmarshalAny(env.Event)
+				if err != nil {
+					continue
+				}
+				if e, ok := v.(*events.TaskOOM); ok {
+					m.oomMu.Lock()
+					m.oom[e.ContainerID] = true
+					m.oomMu.Unlock()
+				}
+			case err := <-errs:
+				if ctx.Err() == nil {
+					m.o.Log.Warn("oom event stream ended; retrying", "err", err)
+				}
+				break loop
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (m *ContainerdManager) takeOOM(id string) bool {
+	m.oomMu.Lock()
+	defer m.oomMu.Unlock()
+	v := m.oom[id]
+	delete(m.oom, id)
+	return v
+}
+
+// NewRunID returns a random run id.
+func NewRunID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Run implements Manager.
+func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, err error) {
+	select {
+	case m.sem <- struct{}{}:
+		defer func() { <-m.sem }()
+	default:
+		return Result{}, ErrBusy
+	}
+	if req.RunID == "" {
+		req.RunID = NewRunID()
+	}
+	res.RunID = req.RunID
+	log := m.o.Log.With("run", req.RunID)
+	args, err := Args(req.Language)
+	if err != nil {
+		return res, err
+	}
+	id := "airlock-" + req.RunID
+	spec, err := Spec(SpecPolicy{
+		Args:        args,
+		Env:         BuildEnv(m.o.Env),
+		UID:         m.o.UID,
+		GID:         m.o.GID,
+		Limits:      req.Limits,
+		CgroupsPath: "/airlock/" + id,
+	})
+	if err != nil {
+		return res, err
+	}
+
+	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
+	// Teardown must finish even when the caller cancelled.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer ccancel()
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+
+	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: req.RunID}
+	start := time.Now()
+	container, err := m.o.Client.NewContainer(ctx, id,
+		containerd.WithImage(m.o.Image),
+		containerd.WithNewSnapshotView(id, m.o.Image, snapshots.WithLabels(labels)),
+		containerd.WithRuntime(m.o.Shim, m.runtimeOpts),
+		containerd.WithSpec(spec),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		return res, infra("create sandbox", err)
+	}
+	cleanups = append(cleanups, func() {
+		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+			log.Error("delete sandbox", "err", err)
+		}
+	})
+
+	stdout := newCappedBuffer(req.Limits.StdoutBytes)
+	stderr := newCappedBuffer(req.Limits.StderrBytes)
+	stdinDone := make(chan struct{})
+	stdin := &eofSignal{r: strings.NewReader(req.Code), done: stdinDone}
+	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdin, stdout, stderr), cio.WithFIFODir(m.fifoDir)))
+	if err != nil {
+		return res, infra("create sandbox task", err)
+	}
+	cleanups = append(cleanups, func() {
+		if _, err := task.Delete(cctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			log.Error("delete sandbox task", "err", err)
+		}
+	})
+	exitCh, err := task.Wait(cctx)
+	if err != nil {
+		return res, infra("wait for sandbox task", err)
+	}
+	if err := task.Start(ctx); err != nil {
+		return res, infra("start sandbox", err)
+	}
+	log.Debug("sandbox started", "took", time.Since(start))
+	go func() {
+		select {
+		case <-stdinDone:
+			_ = task.CloseIO(cctx, containerd.WithStdinCloser)
+		case <-cctx.Done():
+		}
+	}()
+
+	timer := time.NewTimer(req.Limits.Timeout)
+	defer timer.Stop()
+	var status containerd.ExitStatus
+	var killedBy string
+	select {
+	case status = <-exitCh:
+	case <-timer.C:
+		killedBy = ReasonTimeout
+	case <-ctx.Done():
+		killedBy = "cancelled"
+	}
+	if killedBy != "" {
+		// SIGKILL the whole sandbox: SIGTERM can be ignored, and a child that
+		// escaped the init process's group must not survive it.
+		if err := task.Kill(cctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+			log.Warn("kill sandbox", "err", err)
+		}
+		select {
+		case status = <-exitCh:
+		case <-cctx.Done():
+			return res, infra("sandbox did not stop after SIGKILL", cctx.Err())
+		}
+	}
+	res.Duration = time.Since(start)
+	code, _, werr := status.Result()
+	if werr != nil {
+		return res, infra("sandbox exit status", werr)
+	}
+	// The output pipes close when the sandbox is gone; a bounded wait keeps a
+	// misbehaving shim from hanging the call.
+	ioDone := make(chan struct{})
+	go func() { task.IO().Wait(); close(ioDone) }()
+	select {
+	case <-ioDone:
+	case <-time.After(5 * time.Second):
+		log.Warn("sandbox output did not close in time")
+	}
+	task.IO().Close()
+
+	res.ExitCode = int(code)
+	res.Stdout, res.StdoutTruncated = stdout.Result()
+	res.Stderr, res.StderrTruncated = stderr.Result()
+	if res.StdoutTruncated {
+		res.Stdout += fmt.Sprintf(TruncationMarker, req.Limits.StdoutBytes)
+	}
+	if res.StderrTruncated {
+		res.Stderr += fmt.Sprintf(TruncationMarker, req.Limits.StderrBytes)
+	}
+	oom := m.takeOOM(id)
+	switch {
+	case killedBy == ReasonTimeout:
+		res.TimedOut, res.Reason = true, ReasonTimeout
+		if res.ExitCode == 0 {
+			res.ExitCode = 128 + int(syscall.SIGKILL)
+		}
+	case killedBy != "":
+		return res, ctx.Err()
+	case oom:
+		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
+	case res.Truncated():
+		res.Reason = ReasonOutputCapped
+	case res.ExitCode > 128:
+		res.Reason = ReasonSignal
+	}
+	log.Info("run finished", "lang", req.Language, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration)
+	return res, nil
+}
+
+// eofSignal closes done when its reader is exhausted, so the sandbox's stdin
+// can be closed exactly after the last byte of code was delivered.
+type eofSignal struct {
+	r    io.Reader
+	done chan struct{}
+	once sync.Once
+}
+
+func (e *eofSignal) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err == io.EOF {
+		e.once.Do(func() { close(e.done) })
+	}
+	return n, err
+}
+
+// Close implements Manager: it removes every sandbox of this instance.
+func (m *ContainerdManager) Close(ctx context.Context) error {
+	m.stopEvents()
+	_, err := RemoveSandboxes(ctx, m.o.Client, m.o.Namespace, func(inst string) bool { return inst == m.o.InstanceID })
+	return err
+}
+
+// RemoveSandboxes deletes airlock's containers (with tasks and snapshots)
+// whose owning instance id matches doomed, and returns how many it removed.
+func RemoveSandboxes(ctx context.Context, client *containerd.Client, namespace string, doomed func(instance string) bool) (int, error) {
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	containers, err := client.Containers(ctx, "labels.\""+LabelInstance+"\"")
+	if err != nil {
+		return 0, fmt.Errorf("list sandboxes: %w", err)
+	}
+	var errs []error
+	n := 0
+	for _, c := range containers {
+		labels, err := c.Labels(ctx)
+		if err != nil || !doomed(labels[LabelInstance]) {
+			continue
+		}
+		if t, err := c.Task(ctx, nil); err == nil {
+			_ = t.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
+			if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+				errs = append(errs, fmt.Errorf("delete task %s: %w", c.ID(), err))
+			}
+		}
+		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("delete container %s: %w", c.ID(), err))
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}

@@ -1,0 +1,258 @@
+// Package daemon starts and supervises the embedded containerd that airlock
+// uses when no containerd.address is configured.
+//
+// One daemon serves every airlock process that shares a state_dir (Claude
+// Desktop starts one airlock per window): the first to arrive starts it, the
+// last live instance to leave stops it. A lock file serialises the decision.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-mcp/airlock/runtime/instance"
+)
+
+// Options configure the embedded daemon.
+type Options struct {
+	StateDir string
+	Binary   string // containerd executable
+	Log      *slog.Logger
+}
+
+// Daemon is this process's claim on the shared embedded containerd.
+type Daemon struct {
+	opts Options
+	dir  string
+	// Address is the daemon's gRPC socket.
+	Address string
+}
+
+// Paths of the embedded daemon under state_dir.
+func paths(stateDir string) (dir, sock string) {
+	dir = filepath.Join(stateDir, "containerd")
+	return dir, filepath.Join(dir, "containerd.sock")
+}
+
+// Acquire returns a running embedded containerd, starting it when none runs.
+func Acquire(ctx context.Context, o Options) (*Daemon, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	dir, sock := paths(o.StateDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create containerd dir: %w", err)
+	}
+	d := &Daemon{opts: o, dir: dir, Address: sock}
+	unlock, err := lockFile(ctx, filepath.Join(dir, "daemon.lock"))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+
+	if pid := d.pid(); pid > 0 && ping(ctx, sock) == nil {
+		o.Log.Debug("using running embedded containerd", "pid", pid, "address", sock)
+		return d, nil
+	}
+	if err := d.start(ctx); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Daemon) start(ctx context.Context) error {
+	bin, err := exec.LookPath(d.opts.Binary)
+	if err != nil {
+		return fmt.Errorf("find containerd binary %q (run `airlock doctor`): %w", d.opts.Binary, err)
+	}
+	// A daemon that died uncleanly leaves its socket behind.
+	_ = os.Remove(d.Address)
+	cfgPath := filepath.Join(d.dir, "config.toml")
+	if err := os.WriteFile(cfgPath, []byte(Config(d.dir, d.Address)), 0o600); err != nil {
+		return fmt.Errorf("write containerd config: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(d.dir, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("open containerd log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "--config", cfgPath)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	// Its own session: the daemon outlives this airlock if others still use it,
+	// and a signal to our process group (Ctrl-C) must not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start containerd: %w", err)
+	}
+	pid := cmd.Process.Pid
+	// Reap it if it exits while we live; otherwise init adopts it.
+	go func() { _ = cmd.Wait() }()
+	if err := os.WriteFile(filepath.Join(d.dir, "containerd.pid"), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("write containerd pid: %w", err)
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		if err := ping(ctx, d.Address); err == nil {
+			d.opts.Log.Info("started embedded containerd", "pid", pid, "address", d.Address)
+			return nil
+		}
+		if time.Now().After(deadline) || !processAlive(pid) {
+			_ = cmd.Process.Kill()
+			return fmt.Errorf("embedded containerd did not come up (see %s)", filepath.Join(d.dir, "containerd.log"))
+		}
+		select {
+		case <-ctx.Done():
+			_ = cmd.Process.Kill()
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Release gives up this process's claim. When no other live instance uses
+// the daemon, it is stopped. self is this process's instance id.
+func (d *Daemon) Release(ctx context.Context, self string) error {
+	unlock, err := lockFile(ctx, filepath.Join(d.dir, "daemon.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if others := instance.Others(d.opts.StateDir, self); len(others) > 0 {
+		d.opts.Log.Debug("embedded containerd still in use", "instances", others)
+		return nil
+	}
+	return d.stop()
+}
+
+func (d *Daemon) stop() error {
+	pid := d.pid()
+	if pid <= 0 {
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for i := 0; i < 100 && processAlive(pid); i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if processAlive(pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = os.Remove(filepath.Join(d.dir, "containerd.pid"))
+	d.opts.Log.Info("stopped embedded containerd", "pid", pid)
+	return nil
+}
+
+// pid returns the recorded daemon pid if that process is a live containerd.
+func (d *Daemon) pid() int {
+	b, err := os.ReadFile(filepath.Join(d.dir, "containerd.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || !processAlive(pid) {
+		return 0
+	}
+	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err != nil || !strings.HasPrefix(strings.TrimSpace(string(comm)), "containerd") {
+		return 0
+	}
+	return pid
+}
+
+func processAlive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	// A zombie is not alive; /proc/PID/stat's third field is the state.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+func ping(ctx context.Context, addr string) error {
+	if _, err := os.Stat(addr); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := containerd.New(addr, containerd.WithTimeout(time.Second))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, err = c.Version(ctx)
+	return err
+}
+
+// lockFile takes an exclusive flock on path, waiting while ctx allows.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); _ = f.Close() }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			_ = f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			_ = f.Close()
+			return nil, fmt.Errorf("wait for lock %s: %w", path, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Config renders the embedded daemon's config.toml. Only what airlock needs is
+// enabled: the CRI plugin (Kubernetes) is off, and the socket, root and state
+// are private to state_dir so a host containerd is never touched.
+func Config(dir, sock string) string {
+	return fmt.Sprintf(`# Written by airlock; changes are overwritten at the next start.
+version = 3
+root = %q
+state = %q
+disabled_plugins = [
+  "io.containerd.grpc.v1.cri",
+  "io.containerd.cri.v1.images",
+  "io.containerd.cri.v1.runtime",
+  "io.containerd.podsandbox.controller.v1.podsandbox",
+  "io.containerd.sandbox.controller.v1.shim",
+  "io.containerd.nri.v1.nri",
+  "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[debug]
+  level = "warn"
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), sock, sock+".ttrpc")
+}

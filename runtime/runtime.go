@@ -1,0 +1,95 @@
+// Package runtime runs untrusted code in single-use gVisor sandboxes through
+// containerd. It is a plain Go library: it knows nothing of MCP.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Language says which interpreter runs a request's code.
+type Language string
+
+// The languages a sandbox runs.
+const (
+	Python Language = "python"
+	Shell  Language = "shell"
+)
+
+// Limits bound one run. Zero values are not valid: callers fill every field,
+// usually from the server's configuration.
+type Limits struct {
+	Timeout        time.Duration
+	MemoryBytes    int64
+	CPUs           float64
+	Pids           int64
+	StdoutBytes    int
+	StderrBytes    int
+	WorkspaceBytes int64
+	TmpBytes       int64
+}
+
+// Request is one piece of code to run in a fresh sandbox.
+type Request struct {
+	// RunID names the run in logs and container labels; the manager makes one when empty.
+	RunID    string
+	Language Language
+	Code     string
+	Limits   Limits
+}
+
+// Reasons a run did not end with a normal exit.
+const (
+	ReasonTimeout      = "timeout"
+	ReasonOutOfMemory  = "out_of_memory"
+	ReasonOutputCapped = "output_capped"
+	ReasonSignal       = "killed_by_signal"
+)
+
+// Result is what came back from a run. A non-zero exit is a Result, not an error.
+type Result struct {
+	RunID           string
+	ExitCode        int
+	Stdout          string
+	Stderr          string
+	StdoutTruncated bool
+	StderrTruncated bool
+	TimedOut        bool
+	OOMKilled       bool
+	Duration        time.Duration
+	// Reason is empty for a normal exit, else one of the Reason constants.
+	Reason string
+}
+
+// Truncated reports whether any output was dropped at its cap.
+func (r Result) Truncated() bool { return r.StdoutTruncated || r.StderrTruncated }
+
+// Failed reports whether the user's code failed: non-zero exit, timeout or OOM.
+func (r Result) Failed() bool { return r.ExitCode != 0 || r.TimedOut || r.OOMKilled }
+
+// Manager runs requests. Implementations are safe for concurrent use.
+type Manager interface {
+	// Run executes req in a new sandbox and destroys it afterwards. The error
+	// is non-nil only for infrastructure faults (and ErrBusy); failures of
+	// the user's code are reported in the Result.
+	Run(ctx context.Context, req Request) (Result, error)
+	// Close destroys every sandbox this manager still owns.
+	Close(ctx context.Context) error
+}
+
+// ErrBusy is returned when the concurrency limit is reached.
+var ErrBusy = errors.New("all sandboxes are busy")
+
+// InfraError is an infrastructure fault: containerd, runsc or the image failed.
+// Its message is short and safe to show a user; Err holds the detail for logs.
+type InfraError struct {
+	Op  string
+	Err error
+}
+
+func (e *InfraError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
+func (e *InfraError) Unwrap() error { return e.Err }
+
+func infra(op string, err error) error { return &InfraError{Op: op, Err: err} }

@@ -1,0 +1,120 @@
+package runtime
+
+import (
+	"fmt"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// SpecPolicy is everything the OCI spec of one sandbox is built from.
+type SpecPolicy struct {
+	Args        []string
+	Env         []string
+	UID, GID    uint32
+	Limits      Limits
+	Hostname    string
+	CgroupsPath string
+}
+
+// cpuPeriod is the CFS period the CPU quota is expressed in (100 ms).
+const cpuPeriod = 100000
+
+// Spec builds the OCI runtime spec of a sandbox from its policy. It is a pure
+// function, so the security baseline can be checked without containerd:
+// read-only root, size-capped tmpfs at /workspace and /tmp, an unprivileged
+// user with no capabilities and no_new_privs, fresh namespaces including an
+// empty network namespace (loopback only), and cgroup limits.
+func Spec(p SpecPolicy) (*specs.Spec, error) {
+	if len(p.Args) == 0 {
+		return nil, fmt.Errorf("spec: no command")
+	}
+	if p.UID == 0 || p.GID == 0 {
+		return nil, fmt.Errorf("spec: refusing to run a sandbox as root (uid %d, gid %d)", p.UID, p.GID)
+	}
+	l := p.Limits
+	if l.MemoryBytes <= 0 || l.CPUs <= 0 || l.Pids <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
+		return nil, fmt.Errorf("spec: every limit must be positive: %+v", l)
+	}
+	hostname := p.Hostname
+	if hostname == "" {
+		hostname = "sandbox"
+	}
+	mem := l.MemoryBytes
+	quota := int64(l.CPUs * cpuPeriod)
+	period := uint64(cpuPeriod)
+	disableOOMKiller := false
+	noSwap := mem // memory+swap equal to memory: no swap
+
+	s := &specs.Spec{
+		Version:  specs.Version,
+		Hostname: hostname,
+		Root:     &specs.Root{Path: "rootfs", Readonly: true},
+		Process: &specs.Process{
+			User: specs.User{UID: p.UID, GID: p.GID},
+			Args: append([]string(nil), p.Args...),
+			Env:  append([]string(nil), p.Env...),
+			Cwd:  "/workspace",
+			// Empty sets, not nil: nil would leave the runtime's defaults.
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:    []string{},
+				Effective:   []string{},
+				Inheritable: []string{},
+				Permitted:   []string{},
+				Ambient:     []string{},
+			},
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024},
+				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+				// No single file can outgrow the larger of the two tmpfs caps.
+				{Type: "RLIMIT_FSIZE", Hard: uint64(max(l.WorkspaceBytes, l.TmpBytes)), Soft: uint64(max(l.WorkspaceBytes, l.TmpBytes))},
+			},
+			NoNewPrivileges: true,
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=16m"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			tmpfs("/workspace", l.WorkspaceBytes, "mode=0755", fmt.Sprintf("uid=%d", p.UID), fmt.Sprintf("gid=%d", p.GID)),
+			tmpfs("/tmp", l.TmpBytes, "mode=1777"),
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				// A new, empty network namespace: loopback only.
+				{Type: specs.NetworkNamespace},
+			},
+			CgroupsPath: p.CgroupsPath,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory:  &specs.LinuxMemory{Limit: &mem, Swap: &noSwap, DisableOOMKiller: &disableOOMKiller},
+				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids:    &specs.LinuxPids{Limit: &l.Pids},
+			},
+			MaskedPaths: []string{
+				"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+				"/proc/scsi", "/sys/firmware",
+			},
+			ReadonlyPaths: []string{
+				"/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq",
+				"/proc/sys", "/proc/sysrq-trigger",
+			},
+		},
+	}
+	return s, nil
+}
+
+func tmpfs(dest string, size int64, extra ...string) specs.Mount {
+	opts := append([]string{"nosuid", "nodev"}, extra...)
+	return specs.Mount{
+		Destination: dest,
+		Type:        "tmpfs",
+		Source:      "tmpfs",
+		Options:     append(opts, fmt.Sprintf("size=%d", size)),
+	}
+}

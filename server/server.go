@@ -1,0 +1,50 @@
+// Package server builds airlock's MCP server and serves it over its
+// transports. This transport is stdio; its stdout carries only
+// JSON-RPC, so everything else logs to stderr.
+package server
+
+import (
+	"context"
+	"io"
+	"log"
+	"log/slog"
+
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/airlock-mcp/airlock/tools"
+)
+
+// Instructions tell the model what this server is for.
+const Instructions = "airlock runs Python and shell code in isolated, single-use gVisor sandboxes with no network access. " +
+	"Use run_python for computation and data work (numpy, pandas, matplotlib are installed) and run_shell for command-line tools. " +
+	"Each call starts from a clean sandbox; print the results you need."
+
+// New returns an MCP server with airlock's tools registered.
+func New(version string, h *tools.Handlers) *server.MCPServer {
+	s := server.NewMCPServer("airlock", version,
+		server.WithToolCapabilities(false),
+		server.WithInstructions(Instructions),
+		server.WithRecovery(),
+	)
+	h.Register(s)
+	return s
+}
+
+// ServeStdio serves s on in/out until in closes or ctx ends.
+func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, logger *slog.Logger) error {
+	stdio := server.NewStdioServer(s)
+	stdio.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
+	err := stdio.Listen(ctx, in, out)
+	if err == context.Canceled || err == io.EOF {
+		return nil
+	}
+	return err
+}
+
+// slogWriter sends mcp-go's log.Logger lines to slog (on stderr).
+type slogWriter struct{ l *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	w.l.Warn("mcp", "msg", string(p))
+	return len(p), nil
+}

@@ -1,0 +1,110 @@
+package tools
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"unicode/utf8"
+)
+
+// ArgError is a problem with a tool call's arguments. Its message says what
+// to change; the runtime is not touched.
+type ArgError struct{ Msg string }
+
+func (e *ArgError) Error() string { return e.Msg }
+
+func argErrorf(format string, a ...any) error { return &ArgError{Msg: fmt.Sprintf(format, a...)} }
+
+// RunArgs are the validated arguments of run_python and run_shell.
+type RunArgs struct {
+	Code    string
+	Timeout int // seconds; 0 means the configured default
+}
+
+// ArgLimits bound what a call may ask for.
+type ArgLimits struct {
+	CodeBytes   int
+	MaxTimeoutS int
+}
+
+// ParseRunArgs validates raw call arguments for a run tool whose code
+// argument is named codeKey ("code" or "command").
+func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error) {
+	allowed := []string{codeKey, "timeout_s"}
+	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer}", tool, codeKey)
+	if raw == nil {
+		return RunArgs{}, argErrorf("missing argument %q: %s", codeKey, usage)
+	}
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return RunArgs{}, argErrorf("arguments must be a JSON object: %s", usage)
+	}
+	var unknown []string
+	for k := range m {
+		if k != allowed[0] && k != allowed[1] {
+			unknown = append(unknown, fmt.Sprintf("%q", k))
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return RunArgs{}, argErrorf("unknown argument %s: %s", strings.Join(unknown, ", "), usage)
+	}
+
+	var out RunArgs
+	v, present := m[codeKey]
+	if !present || v == nil {
+		return RunArgs{}, argErrorf("missing argument %q: %s", codeKey, usage)
+	}
+	code, ok := v.(string)
+	if !ok {
+		return RunArgs{}, argErrorf("argument %q must be a string, got %s", codeKey, jsonType(v))
+	}
+	if strings.TrimSpace(code) == "" {
+		return RunArgs{}, argErrorf("argument %q is empty: pass the %s to run", codeKey, map[string]string{"code": "Python code", "command": "shell command"}[codeKey])
+	}
+	if len(code) > lim.CodeBytes {
+		return RunArgs{}, argErrorf("argument %q is %d bytes, over the limit of %d bytes (limits.code_bytes): send less code, or write data to a file in several calls", codeKey, len(code), lim.CodeBytes)
+	}
+	if strings.IndexByte(code, 0) >= 0 {
+		return RunArgs{}, argErrorf("argument %q contains a NUL byte, which neither Python nor the shell accepts in source: remove it", codeKey)
+	}
+	if !utf8.ValidString(code) {
+		return RunArgs{}, argErrorf("argument %q is not valid UTF-8", codeKey)
+	}
+	out.Code = code
+
+	if t, present := m["timeout_s"]; present && t != nil {
+		f, ok := t.(float64)
+		if !ok {
+			return RunArgs{}, argErrorf("argument \"timeout_s\" must be an integer number of seconds, got %s", jsonType(t))
+		}
+		if f != math.Trunc(f) {
+			return RunArgs{}, argErrorf("argument \"timeout_s\" must be a whole number of seconds, got %v", f)
+		}
+		if f < 1 || f > float64(lim.MaxTimeoutS) {
+			return RunArgs{}, argErrorf("argument \"timeout_s\" is %v: it must be between 1 and %d seconds (limits.max_timeout_s)", f, lim.MaxTimeoutS)
+		}
+		out.Timeout = int(f)
+	}
+	return out, nil
+}
+
+func jsonType(v any) string {
+	switch v.(type) {
+	case string:
+		return "a string"
+	case float64:
+		return "a number"
+	case bool:
+		return "a boolean"
+	case map[string]any:
+		return "an object"
+	case []any:
+		return "an array"
+	case nil:
+		return "null"
+	default:
+		return fmt.Sprintf("%T", v)
+	}
+}

@@ -1,0 +1,202 @@
+// Package tools defines airlock's MCP tools: their schemas, their
+// descriptions for a model, and handlers that turn a call into a runtime
+// request and a runtime result into a tool result.
+package tools
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime"
+)
+
+// RunOutput is the structuredContent of run_python and run_shell.
+type RunOutput struct {
+	RunID           string `json:"run_id" jsonschema:"Identifier of this run in the server's logs"`
+	ExitCode        int    `json:"exit_code" jsonschema:"Exit status of the program; 128+N means killed by signal N"`
+	Stdout          string `json:"stdout" jsonschema:"Standard output, capped"`
+	Stderr          string `json:"stderr" jsonschema:"Standard error, capped"`
+	TimedOut        bool   `json:"timed_out" jsonschema:"True when the run hit its timeout and was killed"`
+	OOMKilled       bool   `json:"oom_killed" jsonschema:"True when the run ran out of memory"`
+	DurationMS      int64  `json:"duration_ms" jsonschema:"Wall-clock time of the run in milliseconds"`
+	Truncated       bool   `json:"truncated" jsonschema:"True when stdout or stderr was cut at its cap"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	Reason          string `json:"reason,omitempty" jsonschema:"Why the run did not exit normally: timeout, out_of_memory, output_capped, killed_by_signal"`
+}
+
+// Handlers serves the run tools from a runtime.Manager.
+type Handlers struct {
+	Manager runtime.Manager
+	Limits  config.Limits
+	Log     *slog.Logger
+}
+
+// Register adds run_python and run_shell to s.
+func (h *Handlers) Register(s *server.MCPServer) {
+	s.AddTool(h.tool("run_python", "code", pythonDescription(h.Limits), "Run Python"), h.handler("run_python", "code", runtime.Python))
+	s.AddTool(h.tool("run_shell", "command", shellDescription(h.Limits), "Run shell command"), h.handler("run_shell", "command", runtime.Shell))
+}
+
+func pythonDescription(l config.Limits) string {
+	return fmt.Sprintf(`Run Python 3 code in a fresh, isolated gVisor sandbox and return its stdout, stderr and exit code.
+Each call starts from a clean sandbox: nothing persists between calls (no variables, no files).
+Print what you want to see; the value of the last expression is not shown.
+Available: the standard library, numpy, pandas, matplotlib (Agg backend; save figures to files).
+No network access. The filesystem is read-only except /workspace (the working directory, %d MiB) and /tmp (%d MiB).
+Limits: %d s timeout by default (timeout_s, up to %d s), %d MiB memory, %d processes, %d KiB of stdout and of stderr (the rest is dropped).`,
+		l.WorkspaceMB, l.TmpMB, l.TimeoutS, l.MaxTimeoutS, l.MemoryMB, l.Pids, l.StdoutBytes/1024)
+}
+
+func shellDescription(l config.Limits) string {
+	return fmt.Sprintf(`Run a bash command or script in a fresh, isolated gVisor sandbox (Debian) and return its stdout, stderr and exit code.
+Each call starts from a clean sandbox: nothing persists between calls.
+Available: coreutils, grep, sed, gawk, findutils, curl, python3. No network access; no root (commands run as an unprivileged user).
+The filesystem is read-only except /workspace (the working directory, %d MiB) and /tmp (%d MiB).
+Limits: %d s timeout by default (timeout_s, up to %d s), %d MiB memory, %d processes, %d KiB of stdout and of stderr (the rest is dropped).`,
+		l.WorkspaceMB, l.TmpMB, l.TimeoutS, l.MaxTimeoutS, l.MemoryMB, l.Pids, l.StdoutBytes/1024)
+}
+
+func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
+	codeDesc := map[string]string{
+		"code":    "Python source code to run, as a complete program.",
+		"command": "Bash command or script to run.",
+	}[codeKey]
+	return mcp.NewTool(name,
+		mcp.WithToolTitle(title),
+		mcp.WithDescription(description),
+		mcp.WithString(codeKey, mcp.Required(), mcp.Description(codeDesc), mcp.MinLength(1), mcp.MaxLength(h.Limits.CodeBytes)),
+		mcp.WithInteger("timeout_s",
+			mcp.Description(fmt.Sprintf("Wall-clock limit in seconds (default %d, at most %d). The whole sandbox is killed when it is reached.", h.Limits.TimeoutS, h.Limits.MaxTimeoutS)),
+			mcp.Min(1), mcp.Max(float64(h.Limits.MaxTimeoutS))),
+		mcp.WithSchemaAdditionalProperties(false),
+		mcp.WithOutputSchema[RunOutput](),
+		mcp.WithTitleAnnotation(title),
+		// The code may do anything inside its sandbox, but the sandbox is
+		// thrown away: nothing outside it is changed or read.
+		mcp.WithReadOnlyHintAnnotation(false),
+		mcp.WithDestructiveHintAnnotation(false),
+		mcp.WithIdempotentHintAnnotation(false),
+		mcp.WithOpenWorldHintAnnotation(false),
+	)
+}
+
+func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.ToolHandlerFunc {
+	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
+		defer func() {
+			// Nothing panics out of a handler: a panic is an infrastructure fault.
+			if p := recover(); p != nil {
+				h.Log.Error("tool handler panicked", "tool", name, "panic", p)
+				res, err = infraResult("internal error"), nil
+			}
+		}()
+		args, err := ParseRunArgs(name, codeKey, req.Params.Arguments, ArgLimits{CodeBytes: h.Limits.CodeBytes, MaxTimeoutS: h.Limits.MaxTimeoutS})
+		if err != nil {
+			return mcp.NewToolResultError(err.Error()), nil
+		}
+		out, err := h.Manager.Run(ctx, runtime.Request{Language: lang, Code: args.Code, Limits: RuntimeLimits(h.Limits, args.Timeout)})
+		return h.result(name, out, err), nil
+	}
+}
+
+// RuntimeLimits turns configured limits (and a call's timeout, 0 for the
+// default) into the runtime's.
+func RuntimeLimits(l config.Limits, timeoutS int) runtime.Limits {
+	t := l.Timeout()
+	if timeoutS > 0 {
+		t = time.Duration(timeoutS) * time.Second
+	}
+	return runtime.Limits{
+		Timeout:        t,
+		MemoryBytes:    int64(l.MemoryMB) << 20,
+		CPUs:           l.CPUs,
+		Pids:           int64(l.Pids),
+		StdoutBytes:    l.StdoutBytes,
+		StderrBytes:    l.StderrBytes,
+		WorkspaceBytes: int64(l.WorkspaceMB) << 20,
+		TmpBytes:       int64(l.TmpMB) << 20,
+	}
+}
+
+func infraResult(op string) *mcp.CallToolResult {
+	return mcp.NewToolResultError(fmt.Sprintf("The sandbox runtime failed (%s). This is a problem on the server, not in your code: the operator should run `airlock doctor` on the server host; details are in the server log.", op))
+}
+
+func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToolResult {
+	if err != nil {
+		var ie *runtime.InfraError
+		switch {
+		case errors.Is(err, runtime.ErrBusy):
+			return mcp.NewToolResultError(fmt.Sprintf("All %d sandboxes are busy (limits.concurrency); retry in a few seconds.", h.Limits.Concurrency))
+		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+			return mcp.NewToolResultError("The call was cancelled; its sandbox was killed.")
+		case errors.As(err, &ie):
+			h.Log.Error("sandbox runtime failed", "tool", tool, "run", r.RunID, "op", ie.Op, "err", ie.Err)
+			return infraResult(ie.Op)
+		default:
+			h.Log.Error("run failed", "tool", tool, "run", r.RunID, "err", err)
+			return infraResult("run")
+		}
+	}
+	out := ToOutput(r)
+	res := mcp.NewToolResultStructured(out, RenderText(out))
+	res.IsError = r.Failed()
+	return res
+}
+
+// ToOutput converts a runtime result to the tool's structured output.
+func ToOutput(r runtime.Result) RunOutput {
+	return RunOutput{
+		RunID:           r.RunID,
+		ExitCode:        r.ExitCode,
+		Stdout:          r.Stdout,
+		Stderr:          r.Stderr,
+		TimedOut:        r.TimedOut,
+		OOMKilled:       r.OOMKilled,
+		DurationMS:      r.Duration.Milliseconds(),
+		Truncated:       r.Truncated(),
+		StdoutTruncated: r.StdoutTruncated,
+		StderrTruncated: r.StderrTruncated,
+		Reason:          r.Reason,
+	}
+}
+
+// RenderText is the human-readable form of a run result.
+func RenderText(o RunOutput) string {
+	var b strings.Builder
+	switch {
+	case o.TimedOut:
+		fmt.Fprintf(&b, "Timed out after %d ms: the sandbox was killed.\n", o.DurationMS)
+	case o.OOMKilled:
+		fmt.Fprintf(&b, "Out of memory: the sandbox was killed (exit code %d, %d ms).\n", o.ExitCode, o.DurationMS)
+	default:
+		fmt.Fprintf(&b, "Exit code %d (%d ms).\n", o.ExitCode, o.DurationMS)
+	}
+	if o.Truncated {
+		b.WriteString("Output was cut at its cap; the rest was dropped.\n")
+	}
+	if o.Stdout != "" {
+		b.WriteString("--- stdout ---\n" + o.Stdout)
+		if !strings.HasSuffix(o.Stdout, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	if o.Stderr != "" {
+		b.WriteString("--- stderr ---\n" + o.Stderr)
+		if !strings.HasSuffix(o.Stderr, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	if o.Stdout == "" && o.Stderr == "" {
+		b.WriteString("(no output)\n")
+	}
+	return b.String()
+}
