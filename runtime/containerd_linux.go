@@ -255,7 +255,7 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		return res, infra("create sandbox task", err)
 	}
 	cleanups = append(cleanups, func() {
-		if _, err := task.Delete(cctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+		if err := deleteTask(cctx, task); err != nil {
 			log.Error("delete sandbox task", "err", err)
 		}
 	})
@@ -343,6 +343,33 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	return res, nil
 }
 
+// deleteTask removes a task. An exited task is deleted as it is; one still
+// running (an early return, a cancelled call) is SIGKILLed as a whole first.
+func deleteTask(ctx context.Context, task containerd.Task) error {
+	if _, err := task.Delete(ctx); err == nil || errdefs.IsNotFound(err) {
+		return nil
+	}
+	exitCh, err := task.Wait(ctx)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("wait: %w", err)
+	}
+	if err := task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("kill: %w", err)
+	}
+	select {
+	case <-exitCh:
+	case <-ctx.Done():
+		return fmt.Errorf("wait for exit after SIGKILL: %w", ctx.Err())
+	}
+	if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	return nil
+}
+
 // eofSignal closes done when its reader is exhausted, so the sandbox's stdin
 // can be closed exactly after the last byte of code was delivered.
 type eofSignal struct {
@@ -382,8 +409,7 @@ func RemoveSandboxes(ctx context.Context, client *containerd.Client, namespace s
 			continue
 		}
 		if t, err := c.Task(ctx, nil); err == nil {
-			_ = t.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
-			if _, err := t.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			if err := deleteTask(ctx, t); err != nil {
 				errs = append(errs, fmt.Errorf("delete task %s: %w", c.ID(), err))
 			}
 		}

@@ -65,8 +65,7 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024},
 				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
-				// No single file can outgrow the larger of the two tmpfs caps.
-				{Type: "RLIMIT_FSIZE", Hard: uint64(max(l.WorkspaceBytes, l.TmpBytes)), Soft: uint64(max(l.WorkspaceBytes, l.TmpBytes))},
+				// File size is bounded by the tmpfs caps, which fail with ENOSPC.
 			},
 			NoNewPrivileges: true,
 		},

@@ -1,0 +1,21 @@
+# The README's two commands are `sudo make serve` and `sudo make test`.
+.PHONY: serve test build unit deps image
+
+serve:
+	@bash scripts/serve.sh
+
+test:
+	@bash scripts/test.sh
+
+deps:
+	@bash scripts/install-deps.sh
+
+build:
+	@bash scripts/build.sh
+
+image: build
+	./bin/airlock image build
+
+# Unit tests only: no containerd needed.
+unit:
+	go test -short ./config ./tools ./server

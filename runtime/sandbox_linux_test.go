@@ -1,0 +1,354 @@
+package runtime_test
+
+// These tests run real sandboxes: a real containerd (embedded, under
+// AIRLOCK_TEST_STATE_DIR, default /var/lib/airlock), real runsc, and the
+// image `airlock image build` makes. Without them they skip, except under
+// CI=true, where a missing prerequisite fails the run.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/containerd/v2/pkg/oci"
+
+	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/boot"
+)
+
+var (
+	stack    *boot.Stack
+	setupErr error
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if os.Geteuid() != 0 {
+			setupErr = errors.New("not root")
+		} else if _, err := exec.LookPath("runsc"); err != nil {
+			setupErr = fmt.Errorf("runsc: %w", err)
+		} else {
+			cfg := testConfig()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			stack, setupErr = boot.Up(ctx, cfg, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+			if stack != nil {
+				defer stack.Close(context.Background())
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func testConfig() config.Config {
+	cfg := config.Defaults()
+	if d := os.Getenv("AIRLOCK_TEST_STATE_DIR"); d != "" {
+		cfg.StateDir = d
+	}
+	cfg.Log.Level = "warn"
+	return cfg
+}
+
+// need skips (or, under CI=true, fails) when no real runtime is available.
+func need(t *testing.T) *boot.Stack {
+	t.Helper()
+	if setupErr != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("sandbox runtime unavailable under CI=true: %v (run scripts/install-deps.sh and `airlock image build`)", setupErr)
+		}
+		t.Skipf("sandbox runtime unavailable: %v", setupErr)
+	}
+	return stack
+}
+
+func limits() runtime.Limits {
+	return runtime.Limits{
+		Timeout: 20 * time.Second, MemoryBytes: 256 << 20, CPUs: 1, Pids: 64,
+		StdoutBytes: 64 << 10, StderrBytes: 64 << 10, WorkspaceBytes: 8 << 20, TmpBytes: 8 << 20,
+	}
+}
+
+func run(t *testing.T, lang runtime.Language, code string, mut ...func(*runtime.Limits)) runtime.Result {
+	t.Helper()
+	s := need(t)
+	l := limits()
+	for _, f := range mut {
+		f(&l)
+	}
+	res, err := s.Manager.Run(context.Background(), runtime.Request{Language: lang, Code: code, Limits: l})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return res
+}
+
+func TestSandboxBaseline(t *testing.T) {
+	cases := []struct {
+		name     string
+		lang     runtime.Language
+		code     string
+		exit     int
+		contains string // in stdout+stderr
+	}{
+		{"gvisor kernel", runtime.Python, "import platform; print(platform.release())", 0, "gvisor"},
+		{"unprivileged user", runtime.Shell, "id -u; id -g", 0, "1000\n1000"},
+		{"no capabilities", runtime.Shell, "grep CapEff /proc/self/status", 0, "0000000000000000"},
+		{"no_new_privs", runtime.Shell, "grep NoNewPrivs /proc/self/status", 0, "NoNewPrivs:\t1"},
+		{"read-only root", runtime.Python, "open('/var/tmp/x', 'w')", 1, "Read-only file system"},
+		{"root not writable by path", runtime.Shell, "touch /usr/x", 1, "Read-only file system"},
+		{"workspace is cwd and writable", runtime.Shell, "pwd; echo hi > f && cat f", 0, "/workspace\nhi"},
+		{"workspace cap", runtime.Shell, "head -c 20M /dev/zero > /workspace/big", 1, "No space left on device"},
+		{"tmp cap", runtime.Shell, "head -c 20M /dev/zero > /tmp/big", 1, "No space left on device"},
+		{"only loopback", runtime.Shell, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '", 0, "lo"},
+		{"no outbound network", runtime.Python, "import socket\ns=socket.socket(); s.settimeout(2)\ntry:\n  s.connect(('192.0.2.1', 80))\nexcept OSError as e: print('refused', e.errno)", 0, "refused 101"},
+		{"no dns", runtime.Python, "import socket\ntry: socket.getaddrinfo('pypi.org', 443)\nexcept OSError as e: print('nodns')", 0, "nodns"},
+		{"exit code 3", runtime.Shell, "exit 3", 3, ""},
+		{"exit code 42", runtime.Python, "raise SystemExit(42)", 42, ""},
+		{"stdin is empty", runtime.Python, "import sys; print(repr(sys.stdin.read()))", 0, "''"},
+		{"shell script lines are not eaten by cat", runtime.Shell, "cat\necho after", 0, "after"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := run(t, c.lang, c.code)
+			out := r.Stdout + r.Stderr
+			if r.ExitCode != c.exit || !strings.Contains(out, c.contains) {
+				t.Errorf("exit %d, output %q; want exit %d containing %q", r.ExitCode, out, c.exit, c.contains)
+			}
+			if c.name == "only loopback" && strings.TrimSpace(r.Stdout) != "lo" {
+				t.Errorf("interfaces = %q, want only lo", r.Stdout)
+			}
+		})
+	}
+}
+
+func TestEnvironmentIsAllowListed(t *testing.T) {
+	t.Setenv("AIRLOCK_TEST_CANARY", "canary-7f3a")
+	r := run(t, runtime.Shell, "env")
+	if strings.Contains(r.Stdout, "canary-7f3a") || strings.Contains(r.Stdout, "AIRLOCK") {
+		t.Fatalf("server environment visible in the sandbox:\n%s", r.Stdout)
+	}
+	if !strings.Contains(r.Stdout, "HOME=/workspace") {
+		t.Errorf("env lacks HOME=/workspace:\n%s", r.Stdout)
+	}
+}
+
+func TestTimeoutKillsWholeSandbox(t *testing.T) {
+	cases := map[string]struct {
+		lang runtime.Language
+		code string
+	}{
+		"busy loop":           {runtime.Python, "while True: pass"},
+		"ignores SIGTERM":     {runtime.Python, "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"},
+		"background children": {runtime.Shell, "trap '' TERM; (trap '' TERM; sleep 600) & setsid sleep 600 & sleep 600"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			r := run(t, c.lang, c.code, func(l *runtime.Limits) { l.Timeout = 2 * time.Second })
+			took := time.Since(start)
+			if !r.TimedOut || r.Reason != runtime.ReasonTimeout || !r.Failed() {
+				t.Errorf("result %+v, want timed out", r)
+			}
+			if took > 4*time.Second {
+				t.Errorf("took %v for a 2 s timeout", took)
+			}
+		})
+	}
+}
+
+func TestMemoryLimit(t *testing.T) {
+	r := run(t, runtime.Python, "x = []\nwhile True: x.append(bytearray(16 << 20))", func(l *runtime.Limits) { l.MemoryBytes = 128 << 20 })
+	if !r.OOMKilled || r.Reason != runtime.ReasonOutOfMemory || !r.Failed() {
+		t.Fatalf("result %+v, want out of memory", r)
+	}
+	// Under the limit the same allocation pattern works.
+	r = run(t, runtime.Python, "x = [bytearray(16 << 20) for _ in range(3)]; print('ok')", func(l *runtime.Limits) { l.MemoryBytes = 256 << 20 })
+	if r.ExitCode != 0 || r.OOMKilled {
+		t.Fatalf("48 MiB under a 256 MiB limit failed: %+v", r)
+	}
+}
+
+func TestPidsLimit(t *testing.T) {
+	code := "import subprocess\nps = []\ntry:\n  for i in range(200): ps.append(subprocess.Popen(['sleep', '30']))\nexcept OSError as e: pass\nprint(len(ps))\nfor p in ps: p.kill()"
+	r := run(t, runtime.Python, code, func(l *runtime.Limits) { l.Pids = 32 })
+	var n int
+	if _, err := fmt.Sscan(r.Stdout, &n); err != nil || n >= 32 || n < 5 {
+		t.Fatalf("started %q processes under a pids limit of 32 (stderr %q)", r.Stdout, r.Stderr)
+	}
+	// A fork bomb is contained and the next call works.
+	bomb := run(t, runtime.Shell, ":(){ :|:& };:", func(l *runtime.Limits) { l.Pids = 32; l.Timeout = 5 * time.Second })
+	if bomb.Duration > 8*time.Second {
+		t.Errorf("fork bomb ran %v", bomb.Duration)
+	}
+	if r := run(t, runtime.Python, "print(1)"); r.ExitCode != 0 || r.Stdout != "1\n" {
+		t.Fatalf("call after fork bomb: %+v", r)
+	}
+}
+
+func TestCPULimit(t *testing.T) {
+	// Two busy threads for 2 s of wall time under half a core: the process
+	// can get at most ~1 s of CPU.
+	code := "import time, os\nt0, c0 = time.time(), os.times()\nn = 0\nwhile time.time() - t0 < 2: n += 1\nc1 = os.times()\nprint((c1.user + c1.system - c0.user - c0.system) / (time.time() - t0))"
+	r := run(t, runtime.Python, code, func(l *runtime.Limits) { l.CPUs = 0.5 })
+	var ratio float64
+	if _, err := fmt.Sscan(r.Stdout, &ratio); err != nil {
+		t.Fatalf("output %q %q", r.Stdout, r.Stderr)
+	}
+	if ratio > 0.75 {
+		t.Errorf("CPU/wall ratio %.2f under a 0.5 CPU limit", ratio)
+	}
+}
+
+func TestOutputCaps(t *testing.T) {
+	r := run(t, runtime.Python, "import sys\nsys.stdout.write('o' * 5_000_000)\nsys.stderr.write('e' * 5_000_000)", func(l *runtime.Limits) {
+		l.StdoutBytes, l.StderrBytes = 1000, 2000
+	})
+	if !r.StdoutTruncated || !r.StderrTruncated || r.Reason != runtime.ReasonOutputCapped {
+		t.Fatalf("result flags %+v", r)
+	}
+	wantOut := strings.Repeat("o", 1000) + fmt.Sprintf(runtime.TruncationMarker, 1000)
+	wantErr := strings.Repeat("e", 2000) + fmt.Sprintf(runtime.TruncationMarker, 2000)
+	if r.Stdout != wantOut || r.Stderr != wantErr {
+		t.Errorf("stdout %d bytes, stderr %d bytes; want exactly the cap plus the marker", len(r.Stdout), len(r.Stderr))
+	}
+	if r.ExitCode != 0 || r.Failed() {
+		t.Errorf("a capped but successful run is not a failure: %+v", r.ExitCode)
+	}
+}
+
+func TestConcurrencyLimit(t *testing.T) {
+	s := need(t)
+	lim := s.Config.Limits.Concurrency
+	var wg sync.WaitGroup
+	started := make(chan struct{}, lim)
+	for i := 0; i < lim; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := limits()
+			started <- struct{}{}
+			_, _ = s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: "sleep 3", Limits: l})
+		}()
+	}
+	for i := 0; i < lim; i++ {
+		<-started
+	}
+	time.Sleep(500 * time.Millisecond)
+	t0 := time.Now()
+	_, err := s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: "true", Limits: limits()})
+	if !errors.Is(err, runtime.ErrBusy) {
+		t.Errorf("run past limits.concurrency=%d: err %v, want ErrBusy", lim, err)
+	}
+	if time.Since(t0) > 100*time.Millisecond {
+		t.Errorf("busy answer took %v; it must not wait", time.Since(t0))
+	}
+	wg.Wait()
+}
+
+func TestCancelKillsSandbox(t *testing.T) {
+	s := need(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(1500*time.Millisecond, cancel)
+	t0 := time.Now()
+	_, err := s.Manager.Run(ctx, runtime.Request{Language: runtime.Shell, Code: "sleep 60", Limits: limits()})
+	if !errors.Is(err, context.Canceled) || time.Since(t0) > 5*time.Second {
+		t.Fatalf("err %v after %v; want cancelled promptly", err, time.Since(t0))
+	}
+	assertNoSandboxes(t, s)
+}
+
+func TestNoLeaksAfterManyRuns(t *testing.T) {
+	s := need(t)
+	codes := []string{"true", "exit 3", "echo out; echo err >&2", "sleep 5", "head -c 20M /dev/zero > /tmp/x"}
+	for i := 0; i < 15; i++ {
+		l := limits()
+		l.Timeout = time.Second
+		if _, err := s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: codes[i%len(codes)], Limits: l}); err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+	}
+	assertNoSandboxes(t, s)
+}
+
+func assertNoSandboxes(t *testing.T, s *boot.Stack) {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
+	cs, err := s.Client.Containers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if strings.HasPrefix(c.ID(), "airlock-") {
+			t.Errorf("container %s left behind", c.ID())
+		}
+	}
+	var snaps []string
+	_ = s.Client.SnapshotService("").Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		if strings.HasPrefix(i.Name, "airlock-") {
+			snaps = append(snaps, i.Name)
+		}
+		return nil
+	})
+	if len(snaps) > 0 {
+		t.Errorf("snapshots left behind: %v", snaps)
+	}
+	mounts, _ := os.ReadFile("/proc/mounts")
+	if strings.Contains(string(mounts), "airlock-") {
+		t.Errorf("mounts left behind:\n%s", grepLines(string(mounts), "airlock-"))
+	}
+	fifos, _ := os.ReadDir(s.Config.StateDir + "/fifo")
+	if len(fifos) > 0 {
+		t.Errorf("%d fifo dirs left behind", len(fifos))
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// An orphan is a sandbox whose owning instance died without cleaning up.
+func TestOrphansOfDeadInstancesAreRemoved(t *testing.T) {
+	s := need(t)
+	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
+	img, err := s.Client.GetImage(ctx, s.Config.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "airlock-orphan-" + runtime.NewRunID()
+	_, err = s.Client.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshotView(id, img),
+		containerd.WithNewSpec(oci.WithImageConfig(img)),
+		containerd.WithContainerLabels(map[string]string{runtime.LabelInstance: "deadbeef0000"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second instance starting up removes it, and leaves this one's alone.
+	other, err := boot.Up(context.Background(), s.Config, boot.NeedClient, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other.Close(context.Background())
+	if _, err := s.Client.LoadContainer(ctx, id); err == nil {
+		t.Errorf("orphan %s survived", id)
+	}
+	if r := run(t, runtime.Python, "print(2)"); r.Stdout != "2\n" {
+		t.Errorf("live instance broken after another's GC: %+v", r)
+	}
+}

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# test.sh: the one command that runs every test on a fresh host. It installs
+# what is missing, builds, checks formatting and lints, builds the image, then
+# runs the Go tests (real containerd + runsc) and the end-to-end suite (the
+# official TypeScript MCP SDK client driving bin/airlock over stdio).
+# Under CI=true a missing prerequisite is a failure, never a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CI="${CI:-false}"
+STATICCHECK_VERSION=v0.8.2
+
+step() { echo "== $*" >&2; }
+
+step "install dependencies"
+bash scripts/install-deps.sh
+
+step "build"
+bash scripts/build.sh
+
+step "gofmt, go vet, staticcheck"
+unformatted=$(gofmt -l $(git ls-files '*.go'))
+if [[ -n "$unformatted" ]]; then
+  echo "gofmt needed on: $unformatted" >&2
+  exit 1
+fi
+go vet ./...
+if ! command -v staticcheck >/dev/null || [[ "$(staticcheck -version 2>/dev/null)" != *"(${STATICCHECK_VERSION#v})"* ]]; then
+  GOBIN=/usr/local/bin go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi
+staticcheck ./...
+
+step "sandbox image"
+./bin/airlock image build
+
+step "go test"
+go test -count=1 -timeout 20m ./...
+
+step "end-to-end (TypeScript MCP SDK over stdio)"
+(cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && AIRLOCK_BIN="$PWD/../../bin/airlock" node --test --test-concurrency=1)
+
+step "all tests passed"
