@@ -76,7 +76,7 @@ func Host(cfg config.Config) []Check {
 		Fix:    "enable the memory, pids and cpu cgroup controllers (kernel command line cgroup_enable=memory)"})
 
 	if cfg.Containerd.Address == "" {
-		out = append(out, binaryCheck("containerd", cfg.Containerd.Binary, "--version", "v2."))
+		out = append(out, binaryCheck("containerd", cfg.Containerd.Binary, "--version", " 2."))
 	} else {
 		_, err := os.Stat(cfg.Containerd.Address)
 		out = append(out, Check{Name: "containerd", OK: err == nil, Detail: "external daemon at " + cfg.Containerd.Address,
@@ -176,7 +176,7 @@ func binaryCheck(name, bin, versionFlag, want string) Check {
 		return c
 	}
 	b, _ := exec.Command(p, versionFlag).CombinedOutput()
-	v := firstLine(string(b))
+	v := strings.Join(strings.Fields(firstLines(string(b), 2)), " ")
 	if want != "" && !strings.Contains(v, want) {
 		c.Detail = fmt.Sprintf("%s is %q, want %s*", p, v, want)
 		return c
@@ -219,6 +219,14 @@ func cgroupControllers() map[string]bool {
 		}
 	}
 	return out
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(strings.TrimSpace(s), "\n", n+1)
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return firstLine(strings.Join(lines, " "))
 }
 
 func firstLine(s string) string {
