@@ -84,7 +84,7 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 		o:       o,
 		sem:     make(chan struct{}, o.Concurrency),
 		oom:     map[string]bool{},
-		fifoDir: filepath.Join(o.StateDir, "fifo"),
+		fifoDir: FIFODir(o.StateDir, o.InstanceID),
 	}
 	if err := os.MkdirAll(m.fifoDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create fifo dir: %w", err)
@@ -105,6 +105,12 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	m.stopEvents = cancel
 	go m.watchOOM(evCtx)
 	return m, nil
+}
+
+// FIFODir is where an instance's sandbox stdio pipes live. It is per
+// instance so that Close and GC remove exactly their own.
+func FIFODir(stateDir, instanceID string) string {
+	return filepath.Join(stateDir, "fifo", instanceID)
 }
 
 // WriteRunscWrapper writes the executable the runc shim runs in place of runc:
@@ -390,6 +396,9 @@ func (e *eofSignal) Read(p []byte) (int, error) {
 func (m *ContainerdManager) Close(ctx context.Context) error {
 	m.stopEvents()
 	_, err := RemoveSandboxes(ctx, m.o.Client, m.o.Namespace, func(inst string) bool { return inst == m.o.InstanceID })
+	if rerr := os.RemoveAll(m.fifoDir); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("remove fifo dir: %w", rerr))
+	}
 	return err
 }
 

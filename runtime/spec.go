@@ -44,6 +44,7 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 	period := uint64(cpuPeriod)
 	disableOOMKiller := false
 	noSwap := mem // memory+swap equal to memory: no swap
+	hostPids := HostPidsLimit(l.Pids)
 
 	s := &specs.Spec{
 		Version:  specs.Version,
@@ -65,6 +66,9 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024},
 				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+				// The code's process limit, enforced by gVisor's kernel. All
+				// sandboxed processes share one uid, so it bounds the sandbox.
+				{Type: "RLIMIT_NPROC", Hard: uint64(l.Pids), Soft: uint64(l.Pids)},
 				// File size is bounded by the tmpfs caps, which fail with ENOSPC.
 			},
 			NoNewPrivileges: true,
@@ -92,7 +96,7 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 				Memory:  &specs.LinuxMemory{Limit: &mem, Swap: &noSwap, DisableOOMKiller: &disableOOMKiller},
 				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
-				Pids:    &specs.LinuxPids{Limit: &l.Pids},
+				Pids:    &specs.LinuxPids{Limit: &hostPids},
 			},
 			MaskedPaths: []string{
 				"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
@@ -107,6 +111,13 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 	}
 	return s, nil
 }
+
+// HostPidsLimit is the host pids cgroup limit for a sandbox whose code may
+// run pids processes. On the host the sandbox is gVisor's sentry and gofer
+// threads plus a systrap stub per guest thread, so the cgroup needs headroom
+// over the guest limit; it is a backstop that keeps a runaway sentry bounded,
+// while RLIMIT_NPROC is the limit the code meets first.
+func HostPidsLimit(pids int64) int64 { return 2*pids + 64 }
 
 func tmpfs(dest string, size int64, extra ...string) specs.Mount {
 	opts := append([]string{"nosuid", "nodev"}, extra...)

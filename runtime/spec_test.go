@@ -58,8 +58,17 @@ func TestSpecSecurityBaseline(t *testing.T) {
 	if *r.CPU.Quota != 150000 || *r.CPU.Period != 100000 {
 		t.Errorf("cpu quota/period = %d/%d, want 150000/100000", *r.CPU.Quota, *r.CPU.Period)
 	}
-	if *r.Pids.Limit != 128 {
-		t.Errorf("pids = %d", *r.Pids.Limit)
+	if *r.Pids.Limit != HostPidsLimit(128) || HostPidsLimit(128) <= 128 {
+		t.Errorf("host pids = %d, want headroom over 128", *r.Pids.Limit)
+	}
+	var nproc bool
+	for _, rl := range p.Rlimits {
+		if rl.Type == "RLIMIT_NPROC" && rl.Hard == 128 && rl.Soft == 128 {
+			nproc = true
+		}
+	}
+	if !nproc {
+		t.Errorf("rlimits %v lack RLIMIT_NPROC=128", p.Rlimits)
 	}
 	mounts := map[string]specs.Mount{}
 	for _, m := range s.Mounts {

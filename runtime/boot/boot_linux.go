@@ -98,6 +98,7 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	} else if n > 0 {
 		log.Info("removed orphaned sandboxes", "count", n)
 	}
+	removeDeadFIFODirs(cfg.StateDir, inst.ID)
 	if need == NeedClient {
 		return s, nil
 	}
@@ -203,6 +204,16 @@ func ProbeShim(ctx context.Context, o runtime.Options, shim string) error {
 		return fmt.Errorf("probe exited %d: %s", res.ExitCode, strings.TrimSpace(res.Stderr))
 	}
 	return nil
+}
+
+// removeDeadFIFODirs removes the stdio pipe dirs of instances that died.
+func removeDeadFIFODirs(stateDir, self string) {
+	entries, _ := os.ReadDir(filepath.Join(stateDir, "fifo"))
+	for _, e := range entries {
+		if id := e.Name(); id != self && !instance.Alive(stateDir, id) {
+			_ = os.RemoveAll(filepath.Join(stateDir, "fifo", id))
+		}
+	}
 }
 
 func cacheKey(path string) string {
