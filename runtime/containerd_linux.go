@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -224,21 +223,25 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	}
 
 	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
-	// Teardown must finish even when the caller cancelled.
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer ccancel()
-	var cleanups []func()
+	// Teardown must finish even when the caller cancelled, and its deadline
+	// starts when teardown does, not when the run did.
+	var cleanups []func(context.Context)
 	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
 		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
+			cleanups[i](cctx)
 		}
 	}()
 
 	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: req.RunID}
 	start := time.Now()
+	// A writable snapshot of the run's own, so the code can be placed in it;
+	// the spec still mounts the root read-only inside the sandbox.
 	container, err := m.o.Client.NewContainer(ctx, id,
 		containerd.WithImage(m.o.Image),
-		containerd.WithNewSnapshotView(id, m.o.Image, snapshots.WithLabels(labels)),
+		containerd.WithSnapshotter(snapshotter),
+		containerd.WithNewSnapshot(id, m.o.Image, snapshots.WithLabels(labels)),
 		containerd.WithRuntime(m.o.Shim, m.runtimeOpts),
 		containerd.WithSpec(spec),
 		containerd.WithContainerLabels(labels),
@@ -246,26 +249,29 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	if err != nil {
 		return res, infra("create sandbox", err)
 	}
-	cleanups = append(cleanups, func() {
+	cleanups = append(cleanups, func(cctx context.Context) {
 		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
 			log.Error("delete sandbox", "err", err)
 		}
 	})
+	if err := m.placeCode(ctx, id, req.Language, req.Code); err != nil {
+		return res, infra("place code in sandbox", err)
+	}
 
 	stdout := newCappedBuffer(req.Limits.StdoutBytes)
 	stderr := newCappedBuffer(req.Limits.StderrBytes)
-	stdinDone := make(chan struct{})
-	stdin := &eofSignal{r: strings.NewReader(req.Code), done: stdinDone}
-	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdin, stdout, stderr), cio.WithFIFODir(m.fifoDir)))
+	// No stdin: the code reads EOF, as it would from /dev/null.
+	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(m.fifoDir)))
 	if err != nil {
 		return res, infra("create sandbox task", err)
 	}
-	cleanups = append(cleanups, func() {
+	cleanups = append(cleanups, func(cctx context.Context) {
 		if err := deleteTask(cctx, task); err != nil {
 			log.Error("delete sandbox task", "err", err)
 		}
 	})
-	exitCh, err := task.Wait(cctx)
+	// The exit wait has no deadline of its own: the timer below bounds the run.
+	exitCh, err := task.Wait(context.WithoutCancel(ctx))
 	if err != nil {
 		return res, infra("wait for sandbox task", err)
 	}
@@ -273,13 +279,6 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		return res, infra("start sandbox", err)
 	}
 	log.Debug("sandbox started", "took", time.Since(start))
-	go func() {
-		select {
-		case <-stdinDone:
-			_ = task.CloseIO(cctx, containerd.WithStdinCloser)
-		case <-cctx.Done():
-		}
-	}()
 
 	timer := time.NewTimer(req.Limits.Timeout)
 	defer timer.Stop()
@@ -295,13 +294,15 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	if killedBy != "" {
 		// SIGKILL the whole sandbox: SIGTERM can be ignored, and a child that
 		// escaped the init process's group must not survive it.
-		if err := task.Kill(cctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
 			log.Warn("kill sandbox", "err", err)
 		}
 		select {
 		case status = <-exitCh:
-		case <-cctx.Done():
-			return res, infra("sandbox did not stop after SIGKILL", cctx.Err())
+		case <-kctx.Done():
+			return res, infra("sandbox did not stop after SIGKILL", kctx.Err())
 		}
 	}
 	res.Duration = time.Since(start)
@@ -376,20 +377,41 @@ func deleteTask(ctx context.Context, task containerd.Task) error {
 	return nil
 }
 
-// eofSignal closes done when its reader is exhausted, so the sandbox's stdin
-// can be closed exactly after the last byte of code was delivered.
-type eofSignal struct {
-	r    io.Reader
-	done chan struct{}
-	once sync.Once
-}
+// snapshotter is the containerd snapshotter sandboxes use; placeCode knows
+// its mount layout.
+const snapshotter = "overlayfs"
 
-func (e *eofSignal) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	if err == io.EOF {
-		e.once.Do(func() { close(e.done) })
+// placeCode writes the run's code into its snapshot's upper layer, as a
+// root-owned, world-readable file under CodeDir. It is part of the sandbox's
+// read-only root: the code can read it, not change it.
+func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Language, code string) error {
+	file, err := CodeFile(lang)
+	if err != nil {
+		return err
 	}
-	return n, err
+	mounts, err := m.o.Client.SnapshotService(snapshotter).Mounts(ctx, key)
+	if err != nil {
+		return fmt.Errorf("snapshot mounts: %w", err)
+	}
+	upper := ""
+	for _, mt := range mounts {
+		for _, opt := range mt.Options {
+			if v, ok := strings.CutPrefix(opt, "upperdir="); ok {
+				upper = v
+			}
+		}
+	}
+	if upper == "" {
+		return fmt.Errorf("snapshot %s has no overlay upper dir (mounts %+v)", key, mounts)
+	}
+	dir := filepath.Join(upper, CodeDir)
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("create code dir: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(upper, file), []byte(code), 0o644); err != nil {
+		return fmt.Errorf("write code: %w", err)
+	}
+	return nil
 }
 
 // Close implements Manager: it removes every sandbox of this instance.

@@ -12,7 +12,6 @@ var baseEnv = map[string]string{
 	"TMPDIR":                  "/tmp",
 	"LANG":                    "C.UTF-8",
 	"LC_ALL":                  "C.UTF-8",
-	"PYTHONUNBUFFERED":        "1",
 	"PYTHONDONTWRITEBYTECODE": "1",
 	"MPLBACKEND":              "Agg",
 	"MPLCONFIGDIR":            "/tmp/matplotlib",

@@ -118,6 +118,7 @@ func TestSandboxBaseline(t *testing.T) {
 		{"exit code 3", runtime.Shell, "exit 3", 3, ""},
 		{"exit code 42", runtime.Python, "raise SystemExit(42)", 42, ""},
 		{"stdin is empty", runtime.Python, "import sys; print(repr(sys.stdin.read()))", 0, "''"},
+		{"cwd imports work", runtime.Shell, "echo \"V = 5\" > m.py && python3 -c \"import m; print(m.V)\"", 0, "5"},
 		{"shell script lines are not eaten by cat", runtime.Shell, "cat\necho after", 0, "after"},
 	}
 	for _, c := range cases {
@@ -393,5 +394,67 @@ func TestOrphansOfDeadInstancesAreRemoved(t *testing.T) {
 	}
 	if r := run(t, runtime.Python, "print(2)"); r.Stdout != "2\n" {
 		t.Errorf("live instance broken after another's GC: %+v", r)
+	}
+}
+
+// Regression: teardown's deadline used to start with the run, so a run
+// longer than it failed and leaked its sandbox.
+func TestRunLongerThanCleanupDeadline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes 32 s")
+	}
+	r := run(t, runtime.Shell, "sleep 32; echo done", func(l *runtime.Limits) { l.Timeout = 45 * time.Second })
+	if r.ExitCode != 0 || r.Stdout != "done\n" || r.TimedOut {
+		t.Fatalf("32 s run: %+v", r)
+	}
+	assertNoSandboxes(t, need(t))
+}
+
+// Regression: under gVisor a pipe may take part of a large write; output
+// must still arrive whole.
+func TestLargeWritesArriveWhole(t *testing.T) {
+	code := "import sys\nsys.stdout.write('a' * 300_000)\nprint('B' * 100_000)\nprint('END')"
+	r := run(t, runtime.Python, code, func(l *runtime.Limits) { l.StdoutBytes = 1 << 20 })
+	want := strings.Repeat("a", 300_000) + strings.Repeat("B", 100_000) + "\nEND\n"
+	if r.Stdout != want || r.Truncated() {
+		t.Fatalf("got %d bytes (truncated=%v), want %d", len(r.Stdout), r.Truncated(), len(want))
+	}
+}
+
+// Regression: code used to be piped in on stdin, at tens of KiB per second.
+func TestLargeCodeRunsPromptly(t *testing.T) {
+	var b strings.Builder
+	for b.Len() < 1<<20-100 {
+		b.WriteString("x = 1  # padding padding padding padding padding padding padding\n")
+	}
+	b.WriteString("print('ran', x)\n")
+	start := time.Now()
+	r := run(t, runtime.Python, b.String())
+	if r.ExitCode != 0 || r.Stdout != "ran 1\n" {
+		t.Fatalf("1 MiB program: %+v", r.Stderr)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("1 MiB program took %v", d)
+	}
+}
+
+func TestTracebackNamesUserLines(t *testing.T) {
+	r := run(t, runtime.Python, "def f():\n    return 1 / 0\nf()")
+	if r.ExitCode != 1 || !strings.Contains(r.Stderr, "line 2, in f") || strings.Contains(r.Stderr, "<string>") {
+		t.Fatalf("traceback:\n%s", r.Stderr)
+	}
+}
+
+func TestCodeFileIsReadOnly(t *testing.T) {
+	r := run(t, runtime.Shell, "echo x >> \"$0\" && echo wrote")
+	if strings.Contains(r.Stdout, "wrote") || r.ExitCode == 0 {
+		t.Fatalf("the run could modify its own code file: %+v", r)
+	}
+}
+
+func TestManyProcessesUnderDefaultPids(t *testing.T) {
+	r := run(t, runtime.Shell, "for i in $(seq 60); do sleep 2 & done; wait; echo ok", func(l *runtime.Limits) { l.Pids = 128 })
+	if r.ExitCode != 0 || r.Stdout != "ok\n" {
+		t.Fatalf("60 processes under pids=128: %+v", r)
 	}
 }
