@@ -1,0 +1,310 @@
+// Shared helpers of the end-to-end suite: start the built airlock binary over
+// stdio with the official MCP TypeScript SDK client, call its tools, and look
+// at the embedded containerd with ctr.
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
+
+const execFileP = promisify(execFile);
+
+export const E2E_DIR = path.dirname(fileURLToPath(import.meta.url));
+export const AIRLOCK_BIN = process.env.AIRLOCK_BIN || path.resolve(E2E_DIR, '../../bin/airlock');
+export const STATE_DIR = process.env.AIRLOCK_E2E_STATE_DIR || '/var/lib/airlock';
+export const CTR = process.env.AIRLOCK_E2E_CTR || '/usr/local/bin/ctr';
+export const NAMESPACE = 'airlock';
+export const SOCK = path.join(STATE_DIR, 'containerd', 'containerd.sock');
+// First start may build or import the sandbox image: be generous.
+export const BOOT_TIMEOUT_MS = Number(process.env.AIRLOCK_E2E_BOOT_TIMEOUT_MS || 600_000);
+const VERBOSE = process.env.AIRLOCK_E2E_VERBOSE === '1';
+
+// The limits every test server runs with (see writeConfig).
+export const LIMITS = { workspace_mb: 8, tmp_mb: 8, memory_mb: 256, stdout_bytes: 65536 };
+
+/** The marker airlock appends to output cut at n bytes. */
+export const marker = (n) => `[airlock: output truncated at ${n} bytes; the rest was dropped]`;
+
+const STDERR_KEEP = 512 * 1024;
+
+/**
+ * A running airlock server and an SDK client connected to it over stdio.
+ */
+export class Server {
+  constructor(label) {
+    this.label = label;
+    this.canary = 'canary-' + randomBytes(16).toString('hex');
+    this.stderr = '';
+    this.runIds = new Set();
+  }
+
+  async start() {
+    // No "airlock-" in this name: the suite greps for that prefix.
+    this.dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_'));
+    this.configPath = path.join(this.dir, 'config.yaml');
+    await writeFile(this.configPath, [
+      `state_dir: ${JSON.stringify(STATE_DIR)}`,
+      'log: {level: info}',
+      `limits: {workspace_mb: ${LIMITS.workspace_mb}, tmp_mb: ${LIMITS.tmp_mb}, memory_mb: ${LIMITS.memory_mb}, stdout_bytes: ${LIMITS.stdout_bytes}}`,
+      '',
+    ].join('\n'));
+
+    this.transport = new StdioClientTransport({
+      command: AIRLOCK_BIN,
+      args: ['serve', '--transport', 'stdio', '--config', this.configPath],
+      env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: this.canary },
+      stderr: 'pipe',
+    });
+    this.transport.stderr.on('data', (chunk) => {
+      const s = chunk.toString();
+      if (VERBOSE) process.stderr.write(`[${this.label}] ${s}`);
+      this.stderr += s;
+      if (this.stderr.length > STDERR_KEEP) this.stderr = this.stderr.slice(-STDERR_KEEP);
+    });
+    this.client = new Client({ name: 'airlock-e2e', version: '0.0.0' });
+    try {
+      await this.client.connect(this.transport, { timeout: BOOT_TIMEOUT_MS });
+    } catch (err) {
+      throw this.annotate(err, 'connect (initialize) failed');
+    }
+    // StdioClientTransport's ChildProcess (private field of SDK 1.32.2), used
+    // only to end stdin by hand and to see how the process exited.
+    this.child = this.transport._process;
+    this.pid = this.transport.pid;
+    this.exited = new Promise((resolve) => {
+      if (!this.child) return resolve({ code: null, signal: null, unknown: true });
+      if (this.child.exitCode !== null || this.child.signalCode !== null) {
+        return resolve({ code: this.child.exitCode, signal: this.child.signalCode });
+      }
+      this.child.once('exit', (code, signal) => resolve({ code, signal }));
+    });
+    this.instanceId = await findInstanceId(this.pid);
+    return this;
+  }
+
+  /** Calls a tool with raw arguments (no client-side input validation). */
+  async call(name, args, { timeoutMs = 120_000 } = {}) {
+    const t0 = performance.now();
+    let res;
+    try {
+      res = await this.client.callTool({ name, arguments: args }, CallToolResultSchema, { timeout: timeoutMs });
+    } catch (err) {
+      throw this.annotate(err, `callTool ${name} ${JSON.stringify(args).slice(0, 200)} threw`);
+    }
+    const ms = performance.now() - t0;
+    const sc = res.structuredContent;
+    if (sc && sc.run_id) this.runIds.add(sc.run_id);
+    const text = res.content?.find((c) => c.type === 'text')?.text ?? '';
+    return { res, sc, text, ms, isError: res.isError === true };
+  }
+
+  python(code, extra = {}, opts) { return this.call('run_python', { code, ...extra }, opts); }
+  shell(command, extra = {}, opts) { return this.call('run_shell', { command, ...extra }, opts); }
+
+  /** VmRSS of the airlock process in KiB, or null when it is gone. */
+  async rssKiB() {
+    try {
+      const s = await readFile(`/proc/${this.pid}/status`, 'utf8');
+      const m = /^VmRSS:\s+(\d+)\s+kB/m.exec(s);
+      return m ? Number(m[1]) : null;
+    } catch {
+      return null;
+    }
+  }
+
+  alive() {
+    try {
+      process.kill(this.pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+
+  /** Adds the tail of the server's stderr to an error. */
+  annotate(err, what) {
+    const e = err instanceof Error ? err : new Error(String(err));
+    e.message = `${what ? what + ': ' : ''}${e.message}\n${this.stderrTail()}`;
+    return e;
+  }
+
+  stderrTail(n = 6000) {
+    return `----- airlock server "${this.label}" (pid ${this.pid}, instance ${this.instanceId}) stderr, last ${n} chars -----\n` +
+      this.stderr.slice(-n) + '\n----- end of server stderr -----';
+  }
+
+  /**
+   * Wraps a test body: on failure the server's stderr tail is added to the
+   * error, so a red run shows what the server said.
+   */
+  wrap(fn) {
+    return async (t) => {
+      try {
+        await fn(t);
+      } catch (err) {
+        throw this.annotate(err);
+      }
+    };
+  }
+
+  async close() {
+    try {
+      await this.client?.close();
+    } finally {
+      if (this.dir) await rm(this.dir, { recursive: true, force: true });
+    }
+  }
+}
+
+export async function startServer(label) {
+  return new Server(label).start();
+}
+
+/** Finds the instance whose lock file under state_dir/instances holds pid. */
+async function findInstanceId(pid) {
+  const dir = path.join(STATE_DIR, 'instances');
+  let names = [];
+  try {
+    names = await readdir(dir);
+  } catch {
+    return null;
+  }
+  for (const n of names) {
+    if (!n.endsWith('.lock')) continue;
+    try {
+      const s = (await readFile(path.join(dir, n), 'utf8')).trim();
+      if (Number(s) === pid) return n.slice(0, -'.lock'.length);
+    } catch {
+      // raced with a removal
+    }
+  }
+  return null;
+}
+
+/** Runs ctr against the embedded containerd; returns stdout lines. */
+export async function ctr(...args) {
+  const { stdout } = await execFileP(CTR, ['-a', SOCK, '-n', NAMESPACE, ...args], { timeout: 30_000, maxBuffer: 16 << 20 });
+  return stdout.split('\n').map((l) => l.trim()).filter(Boolean);
+}
+
+/**
+ * What of airlock's is left in containerd and in the mount table.
+ * filter (optional): a containerd filter for containers, e.g. by label.
+ */
+export async function leftovers({ containerFilter } = {}) {
+  const containers = await ctr('containers', 'ls', '-q', ...(containerFilter ? [containerFilter] : []));
+  const tasks = await ctr('tasks', 'ls', '-q');
+  // `snapshots ls` prints a header "KEY PARENT KIND"; keep the keys.
+  const snapshots = (await ctr('snapshots', 'ls')).slice(1).map((l) => l.split(/\s+/)[0]);
+  const mounts = (await readFile('/proc/mounts', 'utf8')).split('\n').filter(Boolean);
+  return { containers, tasks, snapshots, mounts };
+}
+
+/** The airlock.instance label of a container, or null (also when it is gone). */
+async function containerInstance(id) {
+  try {
+    const info = JSON.parse((await ctr('containers', 'info', id)).join('\n'));
+    return info.Labels?.['airlock.instance'] ?? null;
+  } catch {
+    return null;
+  }
+}
+
+/** Whether an airlock instance is alive: its lock file names a live pid. */
+async function instanceAlive(id) {
+  try {
+    const pid = Number((await readFile(path.join(STATE_DIR, 'instances', id + '.lock'), 'utf8')).trim());
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+const isEmpty = (r) => Object.values(r).every((v) => v.length === 0);
+
+/**
+ * What airlock left behind: containers, tasks and snapshots named
+ * airlock-*, and mount lines naming one. The sandboxes of *other* live
+ * airlock processes sharing this containerd (a developer running airlock by
+ * hand) are not leftovers and are excused; a dead instance's are not.
+ * Returns { all, own }: own is what belongs to instanceId or to runIds.
+ */
+export async function audit({ instanceId = null, runIds = [] } = {}) {
+  const lo = await leftovers();
+  const names = lo.containers.filter((c) => c.startsWith('airlock-'));
+  const owner = {};
+  for (const id of names) owner[id] = await containerInstance(id);
+  const excused = [];
+  for (const id of names) {
+    if (owner[id] && owner[id] !== instanceId && (await instanceAlive(owner[id]))) excused.push(id);
+  }
+  const mineIds = new Set([...runIds].map((r) => 'airlock-' + r));
+  for (const id of names) if (instanceId && owner[id] === instanceId) mineIds.add(id);
+  const strip = (l) => l.split(STATE_DIR).join('');
+  const pick = (list) => list.filter((n) => n.startsWith('airlock-') && !excused.includes(n));
+  const all = {
+    containers: pick(lo.containers),
+    tasks: pick(lo.tasks),
+    snapshots: pick(lo.snapshots),
+    mounts: lo.mounts.filter((l) => strip(l).includes('airlock-') && !excused.some((e) => l.includes(e))),
+  };
+  const ownOf = (list) => list.filter((n) => [...mineIds].some((m) => n.includes(m)));
+  const own = {
+    containers: ownOf(all.containers),
+    tasks: ownOf(all.tasks),
+    snapshots: ownOf(all.snapshots),
+    mounts: ownOf(all.mounts),
+  };
+  return { all, own, excused };
+}
+
+/**
+ * Asserts nothing is left behind: own leftovers must be absent at once
+ * (teardown happens before a call returns); unexplained ones must clear
+ * within graceMs (another process's sandbox may be half-made in a sample).
+ */
+export async function assertNoLeftovers(ctx, graceMs = 5000) {
+  const first = await audit(ctx);
+  let last = first;
+  if (!isEmpty(first.all)) {
+    await waitFor(async () => isEmpty((last = await audit(ctx)).all), graceMs, 250);
+  }
+  if (!isEmpty(first.own) || !isEmpty(last.all)) {
+    throw new Error(`leftovers: own (first look): ${JSON.stringify(first.own)}; ` +
+      `unexplained after ${graceMs} ms: ${JSON.stringify(last.all)}; excused (live other instances): ${JSON.stringify(last.excused)}`);
+  }
+}
+
+export function sleep(ms) {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/** Polls fn until it returns a truthy value or ms passes; returns the last value. */
+export async function waitFor(fn, ms, every = 200) {
+  const end = performance.now() + ms;
+  let v;
+  for (;;) {
+    v = await fn();
+    if (v || performance.now() > end) return v;
+    await sleep(every);
+  }
+}
+
+/** This host's own non-loopback IPv4 addresses (they all end on this machine). */
+export async function hostIPv4s() {
+  const out = new Set();
+  for (const addrs of Object.values(os.networkInterfaces())) {
+    for (const a of addrs ?? []) {
+      if (a.family === 'IPv4' && !a.internal && !a.address.startsWith('127.')) out.add(a.address);
+    }
+  }
+  return [...out];
+}
