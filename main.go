@@ -103,6 +103,17 @@ func newLogger(c config.LogConfig) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, opts))
 }
 
+// withStack brings the runtime up to need, runs fn, and tears it down.
+func (a *app) withStack(cmd *cobra.Command, need boot.Need, fn func(context.Context, *boot.Stack) error) error {
+	ctx := cmd.Context()
+	stack, err := boot.Up(ctx, a.cfg, need, a.log)
+	if err != nil {
+		return err
+	}
+	defer stack.Close(context.WithoutCancel(ctx))
+	return fn(ctx, stack)
+}
+
 func (a *app) handlers(s *boot.Stack) *tools.Handlers {
 	return &tools.Handlers{Manager: s.Manager, Limits: a.cfg.Limits, Log: a.log}
 }
@@ -116,15 +127,11 @@ func (a *app) serveCmd() *cobra.Command {
 			if transport != "stdio" {
 				return fmt.Errorf("transport %q is not supported yet: use --transport stdio", transport)
 			}
-			ctx := cmd.Context()
-			stack, err := boot.Up(ctx, a.cfg, boot.NeedManager, a.log)
-			if err != nil {
-				return err
-			}
-			defer stack.Close(context.WithoutCancel(ctx))
-			a.log.Info("serving", "transport", transport, "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID)
-			s := server.New(version, a.handlers(stack))
-			return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, a.log)
+			return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
+				a.log.Info("serving", "transport", transport, "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID)
+				s := server.New(version, a.handlers(stack))
+				return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, a.log)
+			})
 		},
 	}
 	cmd.Flags().StringVar(&transport, "transport", "stdio", "MCP transport: stdio")
@@ -168,13 +175,11 @@ func (a *app) runCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ctx := cmd.Context()
-			stack, err := boot.Up(ctx, a.cfg, boot.NeedManager, a.log)
-			if err != nil {
+			var res runtime.Result
+			err = a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) (err error) {
+				res, err = stack.Manager.Run(ctx, runtime.Request{Language: lang, Code: ra.Code, Limits: tools.RuntimeLimits(a.cfg.Limits, ra.Timeout)})
 				return err
-			}
-			defer stack.Close(context.WithoutCancel(ctx))
-			res, err := stack.Manager.Run(ctx, runtime.Request{Language: lang, Code: ra.Code, Limits: tools.RuntimeLimits(a.cfg.Limits, ra.Timeout)})
+			})
 			if err != nil {
 				return err
 			}
@@ -222,22 +227,18 @@ func (a *app) imageCmd() *cobra.Command {
 		Use:   "build",
 		Short: "Build the default sandbox image (Debian bookworm, python3, numpy, pandas, matplotlib); cached",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			stack, err := boot.Up(ctx, a.cfg, boot.NeedClient, a.log)
-			if err != nil {
-				return err
-			}
-			defer stack.Close(context.WithoutCancel(ctx))
-			built, err := image.Build(ctx, stack.Client, a.cfg.StateDir, a.cfg.Image, image.DefaultRecipe(image.HostMirror()), a.log)
-			if err != nil {
-				return err
-			}
-			if built {
-				fmt.Printf("built and imported %s\n", a.cfg.Image)
-			} else {
-				fmt.Printf("%s is up to date\n", a.cfg.Image)
-			}
-			return nil
+			return a.withStack(cmd, boot.NeedClient, func(ctx context.Context, stack *boot.Stack) error {
+				built, err := image.Build(ctx, stack.Client, a.cfg.StateDir, a.cfg.Image, image.DefaultRecipe(image.HostMirror()), a.log)
+				if err != nil {
+					return err
+				}
+				if built {
+					fmt.Printf("built and imported %s\n", a.cfg.Image)
+				} else {
+					fmt.Printf("%s is up to date\n", a.cfg.Image)
+				}
+				return nil
+			})
 		},
 	}
 	var tag string
@@ -246,20 +247,16 @@ func (a *app) imageCmd() *cobra.Command {
 		Short: "Import an OCI or docker image archive",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			stack, err := boot.Up(ctx, a.cfg, boot.NeedClient, a.log)
-			if err != nil {
-				return err
-			}
-			defer stack.Close(context.WithoutCancel(ctx))
-			names, err := image.Import(ctx, stack.Client, args[0], tag)
-			if err != nil {
-				return err
-			}
-			for _, n := range names {
-				fmt.Println(n)
-			}
-			return nil
+			return a.withStack(cmd, boot.NeedClient, func(ctx context.Context, stack *boot.Stack) error {
+				names, err := image.Import(ctx, stack.Client, args[0], tag)
+				if err != nil {
+					return err
+				}
+				for _, n := range names {
+					fmt.Println(n)
+				}
+				return nil
+			})
 		},
 	}
 	imp.Flags().StringVar(&tag, "tag", "", "also tag the imported image with this reference (e.g. the `image` config value)")
@@ -272,15 +269,11 @@ func (a *app) gcCmd() *cobra.Command {
 		Use:   "gc",
 		Short: "Remove sandboxes left behind by airlock processes that are no longer running",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ctx := cmd.Context()
-			// Up removes other dead instances' sandboxes on its way.
-			stack, err := boot.Up(ctx, a.cfg, boot.NeedClient, a.log)
-			if err != nil {
-				return err
-			}
-			stack.Close(context.WithoutCancel(ctx))
-			fmt.Println("ok")
-			return nil
+			// Bringing the stack up removes dead instances' sandboxes on its way.
+			return a.withStack(cmd, boot.NeedClient, func(context.Context, *boot.Stack) error {
+				fmt.Println("ok")
+				return nil
+			})
 		},
 	}
 }
