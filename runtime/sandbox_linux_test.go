@@ -458,3 +458,28 @@ func TestManyProcessesUnderDefaultPids(t *testing.T) {
 		t.Fatalf("60 processes under pids=128: %+v", r)
 	}
 }
+
+// With containerd.address set, airlock uses that daemon and never stops it.
+func TestExternalContainerd(t *testing.T) {
+	s := need(t)
+	if s.Daemon == nil {
+		t.Skip("the suite itself runs against an external containerd")
+	}
+	cfg := s.Config
+	cfg.Containerd.Address = s.Daemon.Address
+	ext, err := boot.Up(context.Background(), cfg, boot.NeedManager, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ext.Daemon != nil {
+		t.Error("an embedded daemon was claimed although an address was configured")
+	}
+	res, err := ext.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: "echo ext", Limits: limits()})
+	ext.Close(context.Background())
+	if err != nil || res.Stdout != "ext\n" {
+		t.Fatalf("run through the external daemon: %+v, %v", res, err)
+	}
+	if _, err := s.Client.Version(context.Background()); err != nil {
+		t.Fatalf("closing an external-daemon stack stopped the daemon: %v", err)
+	}
+}
