@@ -8,7 +8,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -20,8 +19,8 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"golang.org/x/sys/unix"
 
+	"github.com/airlock-mcp/airlock/runtime/flock"
 	"github.com/airlock-mcp/airlock/runtime/instance"
 )
 
@@ -56,7 +55,7 @@ func Acquire(ctx context.Context, o Options) (*Daemon, error) {
 		return nil, fmt.Errorf("create containerd dir: %w", err)
 	}
 	d := &Daemon{opts: o, dir: dir, Address: sock}
-	unlock, err := lockFile(ctx, filepath.Join(dir, "daemon.lock"))
+	unlock, err := flock.Lock(ctx, filepath.Join(dir, "daemon.lock"))
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +125,7 @@ func (d *Daemon) start(ctx context.Context) error {
 // Release gives up this process's claim. When no other live instance uses
 // the daemon, it is stopped. self is this process's instance id.
 func (d *Daemon) Release(ctx context.Context, self string) error {
-	unlock, err := lockFile(ctx, filepath.Join(d.dir, "daemon.lock"))
+	unlock, err := flock.Lock(ctx, filepath.Join(d.dir, "daemon.lock"))
 	if err != nil {
 		return err
 	}
@@ -201,30 +200,6 @@ func ping(ctx context.Context, addr string) error {
 	defer c.Close()
 	_, err = c.Version(ctx)
 	return err
-}
-
-// lockFile takes an exclusive flock on path, waiting while ctx allows.
-func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); _ = f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			_ = f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			_ = f.Close()
-			return nil, fmt.Errorf("wait for lock %s: %w", path, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 // Config renders the embedded daemon's config.toml. Only what airlock needs is

@@ -3,7 +3,6 @@ package image
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -18,7 +17,8 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
-	"golang.org/x/sys/unix"
+
+	"github.com/airlock-mcp/airlock/runtime/flock"
 )
 
 // Snapshotter is the snapshotter images are unpacked for; containers must be
@@ -52,7 +52,7 @@ func Build(ctx context.Context, client *containerd.Client, stateDir, ref string,
 		return false, fmt.Errorf("image dir: %w", err)
 	}
 	// Two builds at once would debootstrap into the same .tmp.
-	unlock, err := lockDir(ctx, dir)
+	unlock, err := flock.Lock(ctx, filepath.Join(dir, ".build.lock"))
 	if err != nil {
 		return false, err
 	}
@@ -113,31 +113,6 @@ func cached(ctx context.Context, client *containerd.Client, ref, hash string) (b
 		return false, fmt.Errorf("check unpacked %s: %w", ref, err)
 	}
 	return ok, nil
-}
-
-// lockDir takes an exclusive flock on dir/.build.lock, polling so that ctx
-// cancellation is honoured while another build holds it.
-func lockDir(ctx context.Context, dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, ".build.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("build lock: %w", err)
-	}
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("build lock: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("build lock: %w", ctx.Err())
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // Import imports an OCI or Docker archive file into containerd, tags its
