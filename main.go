@@ -115,7 +115,7 @@ func (a *app) withStack(cmd *cobra.Command, need boot.Need, fn func(context.Cont
 }
 
 func (a *app) handlers(s *boot.Stack) *tools.Handlers {
-	return &tools.Handlers{Manager: s.Manager, Limits: a.cfg.Limits, Log: a.log}
+	return &tools.Handlers{Manager: s.Manager, Limits: a.cfg.Limits, Log: a.log, Egress: s.Egress, DefaultNetwork: a.cfg.Network.Mode}
 }
 
 func (a *app) serveCmd() *cobra.Command {

@@ -32,7 +32,46 @@ type Config struct {
 	Image      string           `mapstructure:"image"`
 	Limits     Limits           `mapstructure:"limits"`
 	Sandbox    SandboxConfig    `mapstructure:"sandbox"`
+	Network    NetworkConfig    `mapstructure:"network"`
 }
+
+// Network modes a call may ask for.
+const (
+	NetworkNone      = "none"
+	NetworkAllowlist = "allowlist"
+)
+
+// NetworkConfig is the egress policy: which names a sandbox may reach
+// through the egress proxy, and the private network that carries it.
+type NetworkConfig struct {
+	// Mode is the default for calls that do not ask: none or allowlist.
+	Mode string `mapstructure:"mode"`
+	// AllowDomains is the operator's allow-list (pypi.org, *.example.com). A
+	// call may narrow it, never widen it. Empty: no call gets a network.
+	AllowDomains []string `mapstructure:"allow_domains"`
+	AllowPorts   []int    `mapstructure:"allow_ports"`
+	// AllowCIDRs admits IP-literal destinations in these ranges.
+	AllowCIDRs []string `mapstructure:"allow_cidrs"`
+	// Hosts is a static host map the proxy's resolver consults first.
+	Hosts []HostEntry `mapstructure:"hosts"`
+	// AllowPrivate exempts ranges from the proxy's private-address refusal:
+	// for tests and air-gapped sites only.
+	AllowPrivate []string `mapstructure:"allow_private"`
+	Bridge       string   `mapstructure:"bridge"`
+	Subnet       string   `mapstructure:"subnet"`
+	ProxyPort    int      `mapstructure:"proxy_port"`
+	// CAFile is a PEM bundle the sandbox trusts in addition to the system's.
+	CAFile string `mapstructure:"ca_file"`
+}
+
+// HostEntry maps one name to addresses in network.hosts.
+type HostEntry struct {
+	Name  string   `mapstructure:"name"`
+	Addrs []string `mapstructure:"addrs"`
+}
+
+// Enabled reports whether networked runs can be offered at all.
+func (n NetworkConfig) Enabled() bool { return len(n.AllowDomains) > 0 || len(n.AllowCIDRs) > 0 }
 
 // LogConfig says where and how airlock logs. Logs always go to stderr:
 // stdout belongs to the stdio transport.
@@ -103,6 +142,13 @@ func Defaults() Config {
 			Concurrency: 4,
 		},
 		Sandbox: SandboxConfig{UID: 1000, GID: 1000, Env: map[string]string{}},
+		Network: NetworkConfig{
+			Mode:       NetworkNone,
+			AllowPorts: []int{80, 443},
+			Bridge:     "airlock0",
+			Subnet:     "10.89.0.0/24",
+			ProxyPort:  3128,
+		},
 	}
 }
 
@@ -134,6 +180,16 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("sandbox.uid", d.Sandbox.UID)
 	v.SetDefault("sandbox.gid", d.Sandbox.GID)
 	v.SetDefault("sandbox.env", d.Sandbox.Env)
+	v.SetDefault("network.mode", d.Network.Mode)
+	v.SetDefault("network.allow_domains", d.Network.AllowDomains)
+	v.SetDefault("network.allow_ports", d.Network.AllowPorts)
+	v.SetDefault("network.allow_cidrs", d.Network.AllowCIDRs)
+	v.SetDefault("network.hosts", d.Network.Hosts)
+	v.SetDefault("network.allow_private", d.Network.AllowPrivate)
+	v.SetDefault("network.bridge", d.Network.Bridge)
+	v.SetDefault("network.subnet", d.Network.Subnet)
+	v.SetDefault("network.proxy_port", d.Network.ProxyPort)
+	v.SetDefault("network.ca_file", d.Network.CAFile)
 }
 
 // Load reads the configuration. path may be empty: then ./config.yaml and
@@ -192,6 +248,11 @@ func (c Config) Validate() error {
 		{l.CodeBytes >= 1, "limits.code_bytes must be at least 1"},
 		{l.WorkspaceMB >= 1 && l.TmpMB >= 1, "limits.workspace_mb and limits.tmp_mb must be at least 1"},
 		{l.Concurrency >= 1, "limits.concurrency must be at least 1"},
+		{c.Network.Mode == NetworkNone || c.Network.Mode == NetworkAllowlist,
+			fmt.Sprintf("network.mode must be %q or %q", NetworkNone, NetworkAllowlist)},
+		{c.Network.Mode == NetworkNone || c.Network.Enabled(),
+			"network.mode is allowlist but network.allow_domains is empty: list the domains sandboxes may reach"},
+		{c.Network.ProxyPort > 0 && c.Network.ProxyPort < 65536, "network.proxy_port must be a TCP port"},
 		{c.Sandbox.UID > 0 && c.Sandbox.GID > 0, "sandbox.uid and sandbox.gid must be non-zero: sandboxes never run as root"},
 	}
 	for _, ch := range checks {

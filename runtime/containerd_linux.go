@@ -22,6 +22,9 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
+
+	"github.com/airlock-mcp/airlock/runtime/network"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // Shim names, as containerd knows them.
@@ -55,12 +58,19 @@ type Options struct {
 	// Concurrency is how many sandboxes may run at once; past it Run returns ErrBusy.
 	Concurrency int
 	Log         *slog.Logger
+	// Network and Proxy serve runs with an egress policy; both nil when
+	// networked runs are not offered.
+	Network *network.Manager
+	Proxy   *egress.Server
+	// CABundle is PEM the sandbox trusts for TLS (system roots included).
+	CABundle []byte
 }
 
 // ContainerdManager runs each request in a new gVisor sandbox via containerd.
 type ContainerdManager struct {
 	o           Options
 	runtimeOpts any
+	netOpts     any // runtime options of networked runs
 	sem         chan struct{}
 	oomMu       sync.Mutex
 	oom         map[string]bool
@@ -90,11 +100,16 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	}
 	switch o.Shim {
 	case ShimRunc:
-		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, o.RunscFlags)
+		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, o.RunscFlags, false)
+		if err != nil {
+			return nil, err
+		}
+		netWrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, o.RunscFlags, true)
 		if err != nil {
 			return nil, err
 		}
 		m.runtimeOpts = &options.Options{BinaryName: wrapper}
+		m.netOpts = &options.Options{BinaryName: netWrapper}
 	case ShimRunsc:
 		// gVisor's shim finds runsc on containerd's PATH and takes no options here.
 	default:
@@ -114,7 +129,10 @@ func FIFODir(stateDir, instanceID string) string {
 
 // WriteRunscWrapper writes the executable the runc shim runs in place of runc:
 // runsc with airlock's global flags. It returns the wrapper's path.
-func WriteRunscWrapper(stateDir, runsc string, flags []string) (string, error) {
+//
+// A networked wrapper gives runsc its own network stack over the namespace
+// airlock prepared; the other has none at all.
+func WriteRunscWrapper(stateDir, runsc string, flags []string, networked bool) (string, error) {
 	if !filepath.IsAbs(runsc) {
 		return "", fmt.Errorf("runsc path %q must be absolute", runsc)
 	}
@@ -125,13 +143,17 @@ func WriteRunscWrapper(stateDir, runsc string, flags []string) (string, error) {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Written by airlock: runsc with airlock's flags, run by containerd's runc shim.\nexec ")
 	b.WriteString(shellQuote(runsc))
-	// No network stack at all unless a later policy asks for one; the empty
+	// No network stack at all unless the run has an egress policy; the empty
 	// network namespace is a second, independent barrier.
-	for _, f := range append([]string{"--network=none"}, flags...) {
+	mode, name := "--network=none", "runsc-airlock"
+	if networked {
+		mode, name = "--network=sandbox", "runsc-airlock-net"
+	}
+	for _, f := range append([]string{mode}, flags...) {
 		b.WriteString(" " + shellQuote(f))
 	}
 	b.WriteString(" \"$@\"\n")
-	p := filepath.Join(dir, "runsc-airlock")
+	p := filepath.Join(dir, name)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, []byte(b.String()), 0o755); err != nil {
 		return "", fmt.Errorf("write runsc wrapper: %w", err)
@@ -210,18 +232,9 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		return res, err
 	}
 	id := "airlock-" + req.RunID
-	spec, err := Spec(SpecPolicy{
-		Args:        args,
-		Env:         BuildEnv(m.o.Env),
-		UID:         m.o.UID,
-		GID:         m.o.GID,
-		Limits:      req.Limits,
-		CgroupsPath: "/airlock/" + id,
-	})
-	if err != nil {
-		return res, err
+	if req.Egress != nil && (m.o.Network == nil || m.o.Proxy == nil) {
+		return res, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
 	}
-
 	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
 	// Teardown must finish even when the caller cancelled, and its deadline
 	// starts when teardown does, not when the run did.
@@ -234,15 +247,51 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		}
 	}()
 
-	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: req.RunID}
 	start := time.Now()
+	policy := SpecPolicy{
+		Args:        args,
+		Env:         BuildEnv(m.o.Env),
+		UID:         m.o.UID,
+		GID:         m.o.GID,
+		Limits:      req.Limits,
+		CgroupsPath: "/airlock/" + id,
+	}
+	runtimeOpts := m.runtimeOpts
+	var files map[string][]byte
+	if req.Egress != nil {
+		// The namespace must be wired before the sandbox starts: runsc reads
+		// its interfaces once, at start.
+		att, err := m.o.Network.Attach(ctx, req.RunID)
+		if err != nil {
+			return res, infra("attach sandbox network", err)
+		}
+		cleanups = append(cleanups, func(cctx context.Context) {
+			if err := m.o.Network.Detach(cctx, att); err != nil {
+				log.Error("detach sandbox network", "err", err)
+			}
+		})
+		unregister := m.o.Proxy.Register(att.IP, req.RunID, *req.Egress)
+		cleanups = append(cleanups, func(context.Context) { unregister() })
+		defer func() { res.EgressDenied = m.o.Proxy.Denials(req.RunID) }()
+		proxy := fmt.Sprintf("http://%s:%d", att.Gateway, m.o.Network.Config().ProxyPort)
+		policy.NetNSPath = att.NetNSPath
+		policy.Env = BuildEnv(mergeEnv(m.o.Env, ProxyEnv(proxy, len(m.o.CABundle) > 0)))
+		files = ProxyFiles(proxy, m.o.CABundle)
+		runtimeOpts = m.netOpts
+	}
+	spec, err := Spec(policy)
+	if err != nil {
+		return res, err
+	}
+
+	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: req.RunID}
 	// A writable snapshot of the run's own, so the code can be placed in it;
 	// the spec still mounts the root read-only inside the sandbox.
 	container, err := m.o.Client.NewContainer(ctx, id,
 		containerd.WithImage(m.o.Image),
 		containerd.WithSnapshotter(snapshotter),
 		containerd.WithNewSnapshot(id, m.o.Image, snapshots.WithLabels(labels)),
-		containerd.WithRuntime(m.o.Shim, m.runtimeOpts),
+		containerd.WithRuntime(m.o.Shim, runtimeOpts),
 		containerd.WithSpec(spec),
 		containerd.WithContainerLabels(labels),
 	)
@@ -254,7 +303,7 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 			log.Error("delete sandbox", "err", err)
 		}
 	})
-	if err := m.placeCode(ctx, id, req.Language, req.Code); err != nil {
+	if err := m.placeCode(ctx, id, req.Language, req.Code, files); err != nil {
 		return res, infra("place code in sandbox", err)
 	}
 
@@ -384,7 +433,7 @@ const snapshotter = "overlayfs"
 // placeCode writes the run's code into its snapshot's upper layer, as a
 // root-owned, world-readable file under CodeDir. It is part of the sandbox's
 // read-only root: the code can read it, not change it.
-func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Language, code string) error {
+func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Language, code string, files map[string][]byte) error {
 	file, err := CodeFile(lang)
 	if err != nil {
 		return err
@@ -410,6 +459,11 @@ func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Lang
 	}
 	if err := os.WriteFile(filepath.Join(upper, file), []byte(code), 0o644); err != nil {
 		return fmt.Errorf("write code: %w", err)
+	}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(name)), data, 0o644); err != nil {
+			return fmt.Errorf("write %s: %w", name, err)
+		}
 	}
 	return nil
 }

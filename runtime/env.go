@@ -35,3 +35,50 @@ func BuildEnv(extra map[string]string) []string {
 	sort.Strings(out)
 	return out
 }
+
+// ProxyEnv is what a networked sandbox is told about the egress proxy. Every
+// common spelling is set, since tools differ in which they read; with a
+// custom CA bundle, the variables OpenSSL, curl, requests and pip read too.
+func ProxyEnv(proxyURL string, customCA bool) map[string]string {
+	env := map[string]string{
+		"HTTP_PROXY":      proxyURL,
+		"HTTPS_PROXY":     proxyURL,
+		"http_proxy":      proxyURL,
+		"https_proxy":     proxyURL,
+		"NO_PROXY":        "localhost,127.0.0.1,::1",
+		"no_proxy":        "localhost,127.0.0.1,::1",
+		"PIP_CONFIG_FILE": CodeDir + "/pip.conf",
+	}
+	if customCA {
+		for _, k := range []string{"SSL_CERT_FILE", "CURL_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "PIP_CERT"} {
+			env[k] = CodeDir + "/ca.pem"
+		}
+	}
+	return env
+}
+
+// ProxyFiles are the files a networked sandbox gets under CodeDir: pip's
+// configuration and, when given, the CA bundle.
+func ProxyFiles(proxyURL string, caBundle []byte) map[string][]byte {
+	pip := "[global]\nproxy = " + proxyURL + "\ndisable-pip-version-check = true\nno-cache-dir = true\n"
+	if len(caBundle) > 0 {
+		pip += "cert = " + CodeDir + "/ca.pem\n"
+	}
+	files := map[string][]byte{"pip.conf": []byte(pip)}
+	if len(caBundle) > 0 {
+		files["ca.pem"] = caBundle
+	}
+	return files
+}
+
+// mergeEnv returns a's entries overlaid with b's.
+func mergeEnv(a, b map[string]string) map[string]string {
+	out := make(map[string]string, len(a)+len(b))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}

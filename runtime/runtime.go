@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // Language says which interpreter runs a request's code.
@@ -38,6 +40,9 @@ type Request struct {
 	Language Language
 	Code     string
 	Limits   Limits
+	// Egress, when set, gives the run a network that reaches only the
+	// policy's names through the egress proxy. Nil: loopback only.
+	Egress *egress.Policy
 }
 
 // Reasons a run did not end with a normal exit.
@@ -61,6 +66,8 @@ type Result struct {
 	Duration        time.Duration
 	// Reason is empty for a normal exit, else one of the Reason constants.
 	Reason string
+	// EgressDenied lists the destinations the egress proxy refused.
+	EgressDenied []egress.Denial
 }
 
 // Truncated reports whether any output was dropped at its cap.

@@ -348,24 +348,18 @@ func assertNoSandboxes(t *testing.T, s *boot.Stack) {
 	if len(snaps) > 0 {
 		t.Errorf("snapshots left behind: %v", snaps)
 	}
+	// A sandbox's rootfs is mounted at .../airlock-RUN/rootfs, its network
+	// namespace at /run/netns/airlock-INSTANCE-RUN.
 	mounts, _ := os.ReadFile("/proc/mounts")
-	if strings.Contains(string(mounts), "airlock-") {
-		t.Errorf("mounts left behind:\n%s", grepLines(string(mounts), "airlock-"))
+	for _, l := range strings.Split(string(mounts), "\n") {
+		if (strings.Contains(l, "/airlock-") && strings.Contains(l, "/rootfs")) || strings.Contains(l, "airlock-"+s.Instance.ID) {
+			t.Errorf("mount left behind: %s", l)
+		}
 	}
 	fifos, _ := os.ReadDir(runtime.FIFODir(s.Config.StateDir, s.Instance.ID))
 	if len(fifos) > 0 {
 		t.Errorf("%d fifo dirs left behind", len(fifos))
 	}
-}
-
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }
 
 // An orphan is a sandbox whose owning instance died without cleaning up.

@@ -14,6 +14,9 @@ type SpecPolicy struct {
 	Limits      Limits
 	Hostname    string
 	CgroupsPath string
+	// NetNSPath joins a prepared network namespace (egress runs); empty
+	// creates a new, empty one (loopback only).
+	NetNSPath string
 }
 
 // cpuPeriod is the CFS period the CPU quota is expressed in (100 ms).
@@ -88,8 +91,9 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 				{Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace},
-				// A new, empty network namespace: loopback only.
-				{Type: specs.NetworkNamespace},
+				// A new, empty network namespace (loopback only) unless the
+				// run's egress network was prepared for it.
+				{Type: specs.NetworkNamespace, Path: p.NetNSPath},
 			},
 			CgroupsPath: p.CgroupsPath,
 			Resources: &specs.LinuxResources{

@@ -20,6 +20,10 @@ func argErrorf(format string, a ...any) error { return &ArgError{Msg: fmt.Sprint
 type RunArgs struct {
 	Code    string
 	Timeout int // seconds; 0 means the configured default
+	// Network is "none", "allowlist" or "" (the configured default).
+	Network string
+	// AllowDomains narrows the operator's allow-list; nil means all of it.
+	AllowDomains []string
 }
 
 // ArgLimits bound what a call may ask for.
@@ -31,8 +35,8 @@ type ArgLimits struct {
 // ParseRunArgs validates raw call arguments for a run tool whose code
 // argument is named codeKey ("code" or "command").
 func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error) {
-	allowed := []string{codeKey, "timeout_s"}
-	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer}", tool, codeKey)
+	allowed := map[string]bool{codeKey: true, "timeout_s": true, "network": true, "allow_domains": true}
+	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer, \"network\"?: \"none\"|\"allowlist\", \"allow_domains\"?: [string]}", tool, codeKey)
 	if raw == nil {
 		return RunArgs{}, argErrorf("missing argument %q: %s", codeKey, usage)
 	}
@@ -42,7 +46,7 @@ func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error)
 	}
 	var unknown []string
 	for k := range m {
-		if k != allowed[0] && k != allowed[1] {
+		if !allowed[k] {
 			unknown = append(unknown, fmt.Sprintf("%q", k))
 		}
 	}
@@ -87,7 +91,39 @@ func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error)
 		}
 		out.Timeout = int(f)
 	}
+
+	if n, present := m["network"]; present && n != nil {
+		mode, ok := n.(string)
+		if !ok || (mode != "none" && mode != "allowlist") {
+			return RunArgs{}, argErrorf("argument \"network\" must be \"none\" or \"allowlist\", got %s", describe(n))
+		}
+		out.Network = mode
+	}
+	if d, present := m["allow_domains"]; present && d != nil {
+		list, ok := d.([]any)
+		if !ok {
+			return RunArgs{}, argErrorf("argument \"allow_domains\" must be an array of domain names, got %s", jsonType(d))
+		}
+		out.AllowDomains = []string{}
+		for i, item := range list {
+			name, ok := item.(string)
+			if !ok || name == "" {
+				return RunArgs{}, argErrorf("allow_domains[%d] must be a domain name, got %s", i, describe(item))
+			}
+			out.AllowDomains = append(out.AllowDomains, name)
+		}
+		if out.Network == "none" {
+			return RunArgs{}, argErrorf("allow_domains needs \"network\": \"allowlist\"; with network none the sandbox has no network")
+		}
+	}
 	return out, nil
+}
+
+func describe(v any) string {
+	if s, ok := v.(string); ok {
+		return fmt.Sprintf("%q", s)
+	}
+	return jsonType(v)
 }
 
 func jsonType(v any) string {

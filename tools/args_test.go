@@ -2,6 +2,7 @@ package tools
 
 import (
 	"errors"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -30,12 +31,17 @@ func TestParseRunArgs(t *testing.T) {
 		{"timeout fraction", map[string]any{"code": "x", "timeout_s": 1.5}, "whole number", RunArgs{}},
 		{"timeout zero", map[string]any{"code": "x", "timeout_s": float64(0)}, "between 1 and 300", RunArgs{}},
 		{"timeout over max", map[string]any{"code": "x", "timeout_s": float64(301)}, "between 1 and 300", RunArgs{}},
+		{"network allowlist", map[string]any{"code": "x", "network": "allowlist", "allow_domains": []any{"pypi.org"}}, "", RunArgs{Code: "x", Network: "allowlist", AllowDomains: []string{"pypi.org"}}},
+		{"network bad value", map[string]any{"code": "x", "network": "internet"}, `"network" must be "none" or "allowlist", got "internet"`, RunArgs{}},
+		{"allow_domains not array", map[string]any{"code": "x", "allow_domains": "pypi.org"}, "must be an array", RunArgs{}},
+		{"allow_domains bad item", map[string]any{"code": "x", "allow_domains": []any{"a", 3.0}}, "allow_domains[1] must be a domain name", RunArgs{}},
+		{"allow_domains with network none", map[string]any{"code": "x", "network": "none", "allow_domains": []any{"a.org"}}, `needs "network": "allowlist"`, RunArgs{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			got, err := ParseRunArgs("run_python", "code", c.raw, lim)
 			if c.wantErr == "" {
-				if err != nil || got != c.want {
+				if err != nil || !reflect.DeepEqual(got, c.want) {
 					t.Fatalf("got %+v, %v; want %+v", got, err, c.want)
 				}
 				return

@@ -16,6 +16,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // RunOutput is the structuredContent of run_python and run_shell.
@@ -31,6 +32,16 @@ type RunOutput struct {
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
 	Reason          string `json:"reason,omitempty" jsonschema:"Why the run did not exit normally: timeout, out_of_memory, output_capped, killed_by_signal"`
+	// EgressDenied lists network destinations the egress proxy refused, so
+	// the caller can correct the code or ask for the domain.
+	EgressDenied []DeniedOut `json:"egress_denied" jsonschema:"Network destinations the egress proxy refused during the run"`
+}
+
+// DeniedOut is one refused destination.
+type DeniedOut struct {
+	Host   string `json:"host"`
+	Port   int    `json:"port"`
+	Reason string `json:"reason" jsonschema:"not in allow-list, port not allowed, resolves to private address, SNI mismatch, IP literal not allowed, resolution failed"`
 }
 
 // Handlers serves the run tools from a runtime.Manager.
@@ -38,6 +49,10 @@ type Handlers struct {
 	Manager runtime.Manager
 	Limits  config.Limits
 	Log     *slog.Logger
+	// Egress is the operator's allow-list; nil when networked runs are not
+	// offered. DefaultNetwork is the mode of calls that do not ask.
+	Egress         *egress.Policy
+	DefaultNetwork string
 }
 
 // Register adds run_python and run_shell to s.
@@ -65,6 +80,14 @@ Limits: %d s timeout by default (timeout_s, up to %d s), %d MiB memory, %d proce
 		l.WorkspaceMB, l.TmpMB, l.TimeoutS, l.MaxTimeoutS, l.MemoryMB, l.Pids, l.StdoutBytes/1024)
 }
 
+func (h *Handlers) networkDescription() string {
+	if h.Egress == nil {
+		return ""
+	}
+	return fmt.Sprintf("\nNetwork: pass network \"allowlist\" to reach these domains (ports %v) through an HTTP(S) proxy the sandbox is configured for: %s. allow_domains narrows that list. Refused destinations come back in egress_denied.",
+		h.Egress.Ports(), strings.Join(h.Egress.Domains(), ", "))
+}
+
 func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 	codeDesc := map[string]string{
 		"code":    "Python source code to run, as a complete program.",
@@ -72,11 +95,15 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 	}[codeKey]
 	return mcp.NewTool(name,
 		mcp.WithToolTitle(title),
-		mcp.WithDescription(description),
+		mcp.WithDescription(description+h.networkDescription()),
 		mcp.WithString(codeKey, mcp.Required(), mcp.Description(codeDesc), mcp.MinLength(1), mcp.MaxLength(h.Limits.CodeBytes)),
 		mcp.WithInteger("timeout_s",
 			mcp.Description(fmt.Sprintf("Wall-clock limit in seconds (default %d, at most %d). The whole sandbox is killed when it is reached.", h.Limits.TimeoutS, h.Limits.MaxTimeoutS)),
 			mcp.Min(1), mcp.Max(float64(h.Limits.MaxTimeoutS))),
+		mcp.WithString("network", mcp.Enum(config.NetworkNone, config.NetworkAllowlist),
+			mcp.Description(fmt.Sprintf("none: no network (default %s). allowlist: only the operator's allowed domains, through the egress proxy.", h.defaultNetwork()))),
+		mcp.WithArray("allow_domains", mcp.WithStringItems(),
+			mcp.Description("With network allowlist: the domains this run needs, a subset of the operator's list.")),
 		mcp.WithSchemaAdditionalProperties(false),
 		mcp.WithOutputSchema[RunOutput](),
 		mcp.WithTitleAnnotation(title),
@@ -85,7 +112,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 		mcp.WithReadOnlyHintAnnotation(false),
 		mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(false),
-		mcp.WithOpenWorldHintAnnotation(false),
+		mcp.WithOpenWorldHintAnnotation(h.Egress != nil),
 	)
 }
 
@@ -102,9 +129,44 @@ func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.T
 		if err != nil {
 			return mcp.NewToolResultError(err.Error()), nil
 		}
-		out, err := h.Manager.Run(ctx, runtime.Request{Language: lang, Code: args.Code, Limits: RuntimeLimits(h.Limits, args.Timeout)})
+		pol, err := h.egressFor(args)
+		if err != nil {
+			return mcp.NewToolResultError(err.Error()), nil
+		}
+		out, err := h.Manager.Run(ctx, runtime.Request{Language: lang, Code: args.Code, Limits: RuntimeLimits(h.Limits, args.Timeout), Egress: pol})
 		return h.result(name, out, err), nil
 	}
+}
+
+func (h *Handlers) defaultNetwork() string {
+	if h.DefaultNetwork == "" {
+		return config.NetworkNone
+	}
+	return h.DefaultNetwork
+}
+
+// egressFor returns a call's egress policy: nil for no network, else the
+// operator's list, narrowed by the call's allow_domains.
+func (h *Handlers) egressFor(a RunArgs) (*egress.Policy, error) {
+	mode := a.Network
+	if mode == "" {
+		mode = h.defaultNetwork()
+	}
+	if mode != config.NetworkAllowlist {
+		return nil, nil
+	}
+	if h.Egress == nil {
+		return nil, argErrorf("this server offers no network: the operator has not set network.allow_domains; run without \"network\"")
+	}
+	if a.AllowDomains == nil {
+		p := *h.Egress
+		return &p, nil
+	}
+	p, err := h.Egress.Narrow(a.AllowDomains)
+	if err != nil {
+		return nil, argErrorf("allow_domains: %v; the operator allows: %s", err, strings.Join(h.Egress.Domains(), ", "))
+	}
+	return &p, nil
 }
 
 // RuntimeLimits turns configured limits (and a call's timeout, 0 for the
@@ -166,7 +228,16 @@ func ToOutput(r runtime.Result) RunOutput {
 		StdoutTruncated: r.StdoutTruncated,
 		StderrTruncated: r.StderrTruncated,
 		Reason:          r.Reason,
+		EgressDenied:    denied(r.EgressDenied),
 	}
+}
+
+func denied(ds []egress.Denial) []DeniedOut {
+	out := make([]DeniedOut, 0, len(ds))
+	for _, d := range ds {
+		out = append(out, DeniedOut{Host: d.Host, Port: d.Port, Reason: d.Reason})
+	}
+	return out
 }
 
 // RenderText is the human-readable form of a run result.
@@ -197,6 +268,12 @@ func RenderText(o RunOutput) string {
 	}
 	if o.Stdout == "" && o.Stderr == "" {
 		b.WriteString("(no output)\n")
+	}
+	if len(o.EgressDenied) > 0 {
+		b.WriteString("--- network destinations refused ---\n")
+		for _, d := range o.EgressDenied {
+			fmt.Fprintf(&b, "%s:%d: %s\n", d.Host, d.Port, d.Reason)
+		}
 	}
 	return b.String()
 }

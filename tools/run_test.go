@@ -12,6 +12,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // countingManager is a stand-in for one function's unit test: it records
@@ -102,5 +103,72 @@ func TestResultMapping(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestNetworkPolicyPerCall(t *testing.T) {
+	op, err := egress.ParsePolicy([]string{"pypi.org", "*.example.com"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name        string
+		egress      *egress.Policy
+		defaultMode string
+		args        map[string]any
+		wantErr     string
+		wantDomains []string // nil: no network
+	}{
+		{"default none", &op, "", map[string]any{"code": "x"}, "", nil},
+		{"asks allowlist", &op, "", map[string]any{"code": "x", "network": "allowlist"}, "", []string{"*.example.com", "pypi.org"}},
+		{"default allowlist", &op, "allowlist", map[string]any{"code": "x"}, "", []string{"*.example.com", "pypi.org"}},
+		{"narrows", &op, "", map[string]any{"code": "x", "network": "allowlist", "allow_domains": []any{"a.example.com"}}, "", []string{"a.example.com"}},
+		{"widening refused", &op, "", map[string]any{"code": "x", "network": "allowlist", "allow_domains": []any{"evil.com"}}, "evil.com", nil},
+		{"no network offered", nil, "", map[string]any{"code": "x", "network": "allowlist"}, "offers no network", nil},
+		{"explicit none beats default", &op, "allowlist", map[string]any{"code": "x", "network": "none"}, "", nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := &countingManager{}
+			h := &Handlers{Manager: m, Limits: config.Defaults().Limits, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Egress: c.egress, DefaultNetwork: c.defaultMode}
+			var req mcp.CallToolRequest
+			req.Params.Arguments = c.args
+			r, _ := h.handler("run_python", "code", runtime.Python)(context.Background(), req)
+			if c.wantErr != "" {
+				if !r.IsError || !strings.Contains(text(r), c.wantErr) || m.calls != 0 {
+					t.Fatalf("isError=%v text=%q calls=%d; want a refusal naming %q", r.IsError, text(r), m.calls, c.wantErr)
+				}
+				return
+			}
+			if m.calls != 1 {
+				t.Fatalf("runtime not called: %q", text(r))
+			}
+			if c.wantDomains == nil {
+				if m.last.Egress != nil {
+					t.Errorf("run got a network: %v", m.last.Egress)
+				}
+				return
+			}
+			if m.last.Egress == nil || strings.Join(m.last.Egress.Domains(), ",") != strings.Join(c.wantDomains, ",") {
+				t.Errorf("egress = %v, want %v", m.last.Egress, c.wantDomains)
+			}
+		})
+	}
+}
+
+func TestDenialsInResult(t *testing.T) {
+	m := &countingManager{res: runtime.Result{ExitCode: 6, EgressDenied: []egress.Denial{{Host: "evil.com", Port: 443, Reason: egress.ReasonNotAllowed}}}}
+	r := call(t, m, "run_shell", map[string]any{"command": "curl https://evil.com"})
+	out := r.StructuredContent.(RunOutput)
+	if len(out.EgressDenied) != 1 || out.EgressDenied[0] != (DeniedOut{Host: "evil.com", Port: 443, Reason: "not in allow-list"}) {
+		t.Errorf("egress_denied = %+v", out.EgressDenied)
+	}
+	if !strings.Contains(text(r), "evil.com:443: not in allow-list") {
+		t.Errorf("text lacks the denial: %q", text(r))
+	}
+	// No denials is an empty list, not null, so the output schema holds.
+	m.res = runtime.Result{}
+	if out := call(t, m, "run_shell", map[string]any{"command": "true"}).StructuredContent.(RunOutput); out.EgressDenied == nil {
+		t.Error("egress_denied is null")
 	}
 }

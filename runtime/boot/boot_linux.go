@@ -23,6 +23,7 @@ import (
 	"github.com/airlock-mcp/airlock/runtime/daemon"
 	"github.com/airlock-mcp/airlock/runtime/image"
 	"github.com/airlock-mcp/airlock/runtime/instance"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // Stack is a running runtime. Close it on every exit path.
@@ -33,8 +34,11 @@ type Stack struct {
 	Client   *containerd.Client
 	Manager  *runtime.ContainerdManager
 	Shim     string
-	log      *slog.Logger
-	closers  []func(context.Context)
+	// Egress is the operator's policy when this instance offers networked
+	// runs, else nil.
+	Egress  *egress.Policy
+	log     *slog.Logger
+	closers []func(context.Context)
 }
 
 // Need says how much of the stack a command needs.
@@ -125,6 +129,18 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		Env:         cfg.Sandbox.Env,
 		Concurrency: cfg.Limits.Concurrency,
 		Log:         log,
+	}
+	if cfg.Network.Enabled() {
+		es, err := s.upNetwork(ctx, cfg)
+		switch {
+		case errors.Is(err, ErrProxyTaken):
+			log.Warn("networked runs are served by another airlock instance on this host; this one offers network none only")
+		case err != nil:
+			return s, err
+		default:
+			base.Network, base.Proxy, base.CABundle = es.net, es.proxy, es.caBundle
+			s.Egress = &es.policy
+		}
 	}
 	shim := cfg.Runtime.Shim
 	if shim == config.ShimAuto {

@@ -32,6 +32,7 @@ var DefaultPackages = []string{
 	"python3-numpy",
 	"python3-pandas",
 	"python3-matplotlib",
+	"python3-pip", // pip install and pip download through the egress proxy
 	"coreutils",
 	"grep",
 	"sed",

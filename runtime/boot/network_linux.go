@@ -1,0 +1,133 @@
+package boot
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime/instance"
+	"github.com/airlock-mcp/airlock/runtime/network"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
+)
+
+// systemCABundle is Debian's trust store, the base of a custom CA bundle.
+const systemCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// egressStack is the sandbox network and its proxy.
+type egressStack struct {
+	policy   egress.Policy
+	net      *network.Manager
+	proxy    *egress.Server
+	caBundle []byte
+}
+
+// upNetwork prepares networked runs: policy, firewall (before any sandbox
+// gets an address), garbage from dead instances, and the proxy on the
+// gateway. Only one instance per host can own the proxy's address; the
+// others return ErrProxyTaken and serve runs without network.
+func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack, error) {
+	nc := cfg.Network
+	pol, err := egress.ParsePolicy(nc.AllowDomains, nc.AllowPorts, nc.AllowCIDRs)
+	if err != nil {
+		return nil, fmt.Errorf("network.allow_domains/allow_ports/allow_cidrs: %w", err)
+	}
+	subnet, err := netip.ParsePrefix(nc.Subnet)
+	if err != nil {
+		return nil, fmt.Errorf("network.subnet: %w", err)
+	}
+	hosts := map[string][]netip.Addr{}
+	for _, h := range nc.Hosts {
+		for _, a := range h.Addrs {
+			ip, err := netip.ParseAddr(a)
+			if err != nil {
+				return nil, fmt.Errorf("network.hosts %s: %w", h.Name, err)
+			}
+			hosts[h.Name] = append(hosts[h.Name], ip)
+		}
+	}
+	var private []netip.Prefix
+	for _, p := range nc.AllowPrivate {
+		pp, err := netip.ParsePrefix(p)
+		if err != nil {
+			return nil, fmt.Errorf("network.allow_private: %w", err)
+		}
+		private = append(private, pp)
+	}
+	var ca []byte
+	if nc.CAFile != "" {
+		extra, err := os.ReadFile(nc.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("network.ca_file: %w", err)
+		}
+		system, _ := os.ReadFile(systemCABundle)
+		ca = append(append(system, '\n'), extra...)
+	}
+
+	nm, err := network.New(network.Config{
+		Bridge: nc.Bridge, Subnet: subnet, ProxyPort: nc.ProxyPort,
+		StateDir: cfg.StateDir, InstanceID: s.Instance.ID,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := nm.EnsureFirewall(); err != nil {
+		return nil, fmt.Errorf("firewall: %w", err)
+	}
+	self := s.Instance.ID
+	s.closers = append(s.closers, func(context.Context) {
+		// The firewall and bridge are shared: the last instance removes them.
+		if len(instance.Others(cfg.StateDir, self)) == 0 {
+			if err := nm.RemoveFirewall(); err != nil {
+				s.log.Warn("remove firewall", "err", err)
+			}
+			if err := nm.RemoveBridge(); err != nil {
+				s.log.Warn("remove bridge", "err", err)
+			}
+		}
+	})
+	if err := nm.GC(ctx, func(id string) bool { return id == self || instance.Alive(cfg.StateDir, id) }); err != nil {
+		s.log.Warn("remove network of dead instances", "err", err)
+	}
+
+	proxy, err := egress.New(egress.Options{Hosts: hosts, AllowedPrivate: private, Logger: s.log.With("component", "egress")})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := listenFreebind(ctx, nm.Config().ProxyAddr().String())
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return nil, ErrProxyTaken
+		}
+		return nil, fmt.Errorf("egress proxy listen: %w", err)
+	}
+	go func() { _ = proxy.Serve(ln) }()
+	s.closers = append(s.closers, func(context.Context) { _ = proxy.Close() })
+	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "domains", pol.Domains())
+	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca}, nil
+}
+
+// ErrProxyTaken means another airlock instance serves networked runs here.
+var ErrProxyTaken = errors.New("another airlock instance owns the egress proxy address")
+
+// listenFreebind listens on addr even before the bridge carrying that
+// address exists: the gateway address appears when the first sandbox
+// network is set up. It never listens on a wildcard address.
+func listenFreebind(ctx context.Context, addr string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_FREEBIND, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return lc.Listen(ctx, "tcp4", addr)
+}
