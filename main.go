@@ -141,6 +141,8 @@ func (a *app) serveCmd() *cobra.Command {
 func (a *app) runCmd() *cobra.Command {
 	var timeout int
 	var asJSON bool
+	var netMode string
+	var allowDomains []string
 	cmd := &cobra.Command{
 		Use:   "run python|shell [CODE|-]",
 		Short: "Run code once in a sandbox, from a terminal (CODE or - for stdin)",
@@ -171,13 +173,27 @@ func (a *app) runCmd() *cobra.Command {
 			if timeout > 0 {
 				raw["timeout_s"] = float64(timeout)
 			}
+			if netMode != "" {
+				raw["network"] = netMode
+			}
+			if len(allowDomains) > 0 {
+				list := make([]any, len(allowDomains))
+				for i, d := range allowDomains {
+					list[i] = d
+				}
+				raw["allow_domains"] = list
+			}
 			ra, err := tools.ParseRunArgs(tool, key, raw, tools.ArgLimits{CodeBytes: a.cfg.Limits.CodeBytes, MaxTimeoutS: a.cfg.Limits.MaxTimeoutS})
 			if err != nil {
 				return err
 			}
 			var res runtime.Result
 			err = a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) (err error) {
-				res, err = stack.Manager.Run(ctx, runtime.Request{Language: lang, Code: ra.Code, Limits: tools.RuntimeLimits(a.cfg.Limits, ra.Timeout)})
+				pol, err := a.handlers(stack).EgressFor(ra)
+				if err != nil {
+					return err
+				}
+				res, err = stack.Manager.Run(ctx, runtime.Request{Language: lang, Code: ra.Code, Limits: tools.RuntimeLimits(a.cfg.Limits, ra.Timeout), Egress: pol})
 				return err
 			})
 			if err != nil {
@@ -204,6 +220,8 @@ func (a *app) runCmd() *cobra.Command {
 	}
 	cmd.Flags().IntVar(&timeout, "timeout", 0, "timeout in seconds (default limits.timeout_s)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON (the tool's structuredContent)")
+	cmd.Flags().StringVar(&netMode, "network", "", "none or allowlist (default network.mode)")
+	cmd.Flags().StringSliceVar(&allowDomains, "allow-domain", nil, "with --network allowlist: narrow the allow-list to these domains (repeatable)")
 	return cmd
 }
 

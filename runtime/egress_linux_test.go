@@ -26,6 +26,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/boot"
@@ -149,12 +151,9 @@ func writeCerts(t *testing.T, dir string, names ...string) (ca, cert, key string
 	return ca, cert, key
 }
 
-// netStack brings up a second runtime with networking configured for the
-// test internet.
-func netStack(t *testing.T) *boot.Stack {
-	t.Helper()
-	need(t)
-	caFile := testInternet(t)
+// netConfig is the test's network configuration: its own bridge, subnet
+// and proxy port, names mapped into the test internet.
+func netConfig(caFile string) config.Config {
 	cfg := testConfig()
 	cfg.Network = config.Defaults().Network
 	cfg.Network.AllowDomains = []string{"allowed.test", "*.wild.test"}
@@ -172,6 +171,15 @@ func netStack(t *testing.T) *boot.Stack {
 	cfg.Network.Bridge = "airlockt0"
 	cfg.Network.Subnet = "10.89.250.0/24"
 	cfg.Network.ProxyPort = 3129
+	return cfg
+}
+
+// netStack brings up a second runtime with networking configured for the
+// test internet.
+func netStack(t *testing.T) *boot.Stack {
+	t.Helper()
+	need(t)
+	cfg := netConfig(testInternet(t))
 	s, err := boot.Up(context.Background(), cfg, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
@@ -329,7 +337,7 @@ func TestEgressOnlyTheProxy(t *testing.T) {
 // Networked runs leave no namespace, veth or address allocation behind.
 func TestEgressNoLeaks(t *testing.T) {
 	s := netStack(t)
-	for i := 0; i < 20; i++ {
+	for i := 0; i < 50; i++ {
 		code := []string{"curl -sS --max-time 5 http://allowed.test/hello.txt", "exit 3", "curl -sS --max-time 5 http://other.test/", "sleep 5"}[i%4]
 		l := limits()
 		l.Timeout = 2 * time.Second
@@ -353,4 +361,89 @@ func TestEgressNoLeaks(t *testing.T) {
 			t.Errorf("address allocation %s left behind", e.Name())
 		}
 	}
+}
+
+// A server killed with SIGKILL mid-run leaves its sandbox, network namespace
+// and address behind; the next start removes them.
+func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
+	need(t)
+	bin := filepath.Join(t.TempDir(), "airlock")
+	if out, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
+		t.Fatalf("build airlock: %v: %s", err, out)
+	}
+	cfg := netConfig("")
+	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
+	yaml := fmt.Sprintf("state_dir: %s\nlog: {level: warn}\nnetwork:\n  allow_domains: [allowed.test]\n  bridge: %s\n  subnet: %s\n  proxy_port: %d\n",
+		cfg.StateDir, cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.ProxyPort)
+	if err := os.WriteFile(cfgFile, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config", cfgFile, "run", "shell", "--network", "allowlist", "--timeout", "120", "sleep 120")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+
+	// Its instance id is in the lock file that holds its pid.
+	var victim string
+	deadline := time.Now().Add(60 * time.Second)
+	for victim == "" || !netnsExists(victim) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the networked run never started (instance %q)", victim)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if victim == "" {
+			victim = instanceOfPid(cfg.StateDir, cmd.Process.Pid)
+		}
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	if !netnsExists(victim) {
+		t.Fatal("nothing was left behind to clean up; the test proves nothing")
+	}
+
+	s, err := boot.Up(context.Background(), cfg, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		s.Close(context.Background())
+		if nm, err := network.New(network.Config{Bridge: cfg.Network.Bridge, Subnet: netip.MustParsePrefix(cfg.Network.Subnet),
+			ProxyPort: cfg.Network.ProxyPort, StateDir: cfg.StateDir, InstanceID: s.Instance.ID}); err == nil {
+			_ = nm.RemoveFirewall()
+			_ = nm.RemoveBridge()
+		}
+	}()
+	if netnsExists(victim) {
+		t.Errorf("network namespace of killed instance %s survived the restart", victim)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), cfg.Containerd.Namespace)
+	cs, _ := s.Client.Containers(ctx, "labels.\""+runtime.LabelInstance+"\"=="+victim)
+	if len(cs) != 0 {
+		t.Errorf("%d containers of killed instance %s survived the restart", len(cs), victim)
+	}
+	entries, _ := os.ReadDir(filepath.Join(cfg.StateDir, "ipam", "airlock-"+cfg.Network.Bridge))
+	for _, e := range entries {
+		if net.ParseIP(e.Name()) != nil {
+			t.Errorf("address allocation %s survived the restart", e.Name())
+		}
+	}
+}
+
+func netnsExists(instanceID string) bool {
+	out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
+	return strings.Contains(string(out), "airlock-"+instanceID+"-")
+}
+
+func instanceOfPid(stateDir string, pid int) string {
+	entries, _ := os.ReadDir(filepath.Join(stateDir, "instances"))
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(stateDir, "instances", e.Name()))
+		if err == nil && strings.TrimSpace(string(b)) == fmt.Sprint(pid) {
+			return strings.TrimSuffix(e.Name(), ".lock")
+		}
+	}
+	return ""
 }

@@ -129,7 +129,7 @@ func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.T
 		if err != nil {
 			return mcp.NewToolResultError(err.Error()), nil
 		}
-		pol, err := h.egressFor(args)
+		pol, err := h.EgressFor(args)
 		if err != nil {
 			return mcp.NewToolResultError(err.Error()), nil
 		}
@@ -145,9 +145,9 @@ func (h *Handlers) defaultNetwork() string {
 	return h.DefaultNetwork
 }
 
-// egressFor returns a call's egress policy: nil for no network, else the
+// EgressFor returns a call's egress policy: nil for no network, else the
 // operator's list, narrowed by the call's allow_domains.
-func (h *Handlers) egressFor(a RunArgs) (*egress.Policy, error) {
+func (h *Handlers) EgressFor(a RunArgs) (*egress.Policy, error) {
 	mode := a.Network
 	if mode == "" {
 		mode = h.defaultNetwork()
