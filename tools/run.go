@@ -93,17 +93,24 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 		"code":    "Python source code to run, as a complete program.",
 		"command": "Bash command or script to run.",
 	}[codeKey]
-	return mcp.NewTool(name,
+	opts := []mcp.ToolOption{
 		mcp.WithToolTitle(title),
-		mcp.WithDescription(description+h.networkDescription()),
+		mcp.WithDescription(description + h.networkDescription()),
 		mcp.WithString(codeKey, mcp.Required(), mcp.Description(codeDesc), mcp.MinLength(1), mcp.MaxLength(h.Limits.CodeBytes)),
 		mcp.WithInteger("timeout_s",
 			mcp.Description(fmt.Sprintf("Wall-clock limit in seconds (default %d, at most %d). The whole sandbox is killed when it is reached.", h.Limits.TimeoutS, h.Limits.MaxTimeoutS)),
 			mcp.Min(1), mcp.Max(float64(h.Limits.MaxTimeoutS))),
-		mcp.WithString("network", mcp.Enum(config.NetworkNone, config.NetworkAllowlist),
-			mcp.Description(fmt.Sprintf("none: no network (default %s). allowlist: only the operator's allowed domains, through the egress proxy.", h.defaultNetwork()))),
-		mcp.WithArray("allow_domains", mcp.WithStringItems(),
-			mcp.Description("With network allowlist: the domains this run needs, a subset of the operator's list.")),
+	}
+	// Network arguments are offered only where a network is: a model should
+	// not be shown arguments it cannot use.
+	if h.Egress != nil {
+		opts = append(opts,
+			mcp.WithString("network", mcp.Enum(config.NetworkNone, config.NetworkAllowlist),
+				mcp.Description(fmt.Sprintf("none: no network. allowlist: only the operator's allowed domains, through the egress proxy. Default %s.", h.defaultNetwork()))),
+			mcp.WithArray("allow_domains", mcp.WithStringItems(),
+				mcp.Description("With network allowlist: the domains this run needs, a subset of the operator's list.")))
+	}
+	return mcp.NewTool(name, append(opts,
 		mcp.WithSchemaAdditionalProperties(false),
 		mcp.WithOutputSchema[RunOutput](),
 		mcp.WithTitleAnnotation(title),
@@ -113,7 +120,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 		mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(false),
 		mcp.WithOpenWorldHintAnnotation(h.Egress != nil),
-	)
+	)...)
 }
 
 func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.ToolHandlerFunc {

@@ -172,3 +172,19 @@ func TestDenialsInResult(t *testing.T) {
 		t.Error("egress_denied is null")
 	}
 }
+
+func TestNetworkArgumentsOnlyWhenOffered(t *testing.T) {
+	op, _ := egress.ParsePolicy([]string{"pypi.org"}, nil, nil)
+	for _, c := range []struct {
+		egress *egress.Policy
+		want   bool
+	}{{nil, false}, {&op, true}} {
+		h := &Handlers{Limits: config.Defaults().Limits, Egress: c.egress}
+		tool := h.tool("run_python", "code", "d", "t")
+		_, hasNet := tool.InputSchema.Properties["network"]
+		_, hasAllow := tool.InputSchema.Properties["allow_domains"]
+		if hasNet != c.want || hasAllow != c.want || *tool.Annotations.OpenWorldHint != c.want {
+			t.Errorf("egress=%v: network=%v allow_domains=%v openWorld=%v, want %v", c.egress != nil, hasNet, hasAllow, *tool.Annotations.OpenWorldHint, c.want)
+		}
+	}
+}
