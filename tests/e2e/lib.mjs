@@ -38,8 +38,9 @@ const STDERR_KEEP = 512 * 1024;
  * A running airlock server and an SDK client connected to it over stdio.
  */
 export class Server {
-  constructor(label) {
+  constructor(label, extraConfig = []) {
     this.label = label;
+    this.extraConfig = extraConfig;
     this.canary = 'canary-' + randomBytes(16).toString('hex');
     this.stderr = '';
     this.runIds = new Set();
@@ -53,6 +54,7 @@ export class Server {
       `state_dir: ${JSON.stringify(STATE_DIR)}`,
       'log: {level: info}',
       `limits: {workspace_mb: ${LIMITS.workspace_mb}, tmp_mb: ${LIMITS.tmp_mb}, memory_mb: ${LIMITS.memory_mb}, stdout_bytes: ${LIMITS.stdout_bytes}}`,
+      ...this.extraConfig,
       '',
     ].join('\n'));
 
@@ -163,8 +165,9 @@ export class Server {
   }
 }
 
-export async function startServer(label) {
-  return new Server(label).start();
+/** Starts a server; extraConfig lines are appended to its config.yaml. */
+export async function startServer(label, extraConfig = []) {
+  return new Server(label, extraConfig).start();
 }
 
 /** Finds the instance whose lock file under state_dir/instances holds pid. */

@@ -1,0 +1,97 @@
+// End-to-end: a networked run through the MCP client. The "internet" is a
+// network namespace this test creates, joined to the host by a veth, with an
+// HTTP server inside on 10.78.0.2; no traffic goes anywhere else.
+import assert from 'node:assert/strict';
+import { execFile, spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { promisify } from 'node:util';
+
+import { sleep, startServer } from './lib.mjs';
+
+const run = promisify(execFile);
+const NS = 'airlock_e2e_inet';
+const HOST_IP = '10.78.0.1';
+const INET_IP = '10.78.0.2';
+
+describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
+  let srv;
+  let web;
+  let dir;
+
+  before(async () => {
+    await run('ip', ['netns', 'del', NS]).catch(() => {});
+    await run('ip', ['link', 'del', 've2e-h']).catch(() => {});
+    await run('ip', ['netns', 'add', NS]);
+    await run('ip', ['link', 'add', 've2e-h', 'type', 'veth', 'peer', 'name', 've2e-n']);
+    await run('ip', ['link', 'set', 've2e-n', 'netns', NS]);
+    await run('ip', ['addr', 'add', `${HOST_IP}/24`, 'dev', 've2e-h']);
+    await run('ip', ['link', 'set', 've2e-h', 'up']);
+    await run('ip', ['-n', NS, 'addr', 'add', `${INET_IP}/24`, 'dev', 've2e-n']);
+    await run('ip', ['-n', NS, 'link', 'set', 've2e-n', 'up']);
+    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_www_'));
+    await writeFile(path.join(dir, 'hello.txt'), 'hello over mcp\n');
+    web = spawn('ip', ['netns', 'exec', NS, '/usr/bin/python3', '-m', 'http.server', '80', '--bind', INET_IP, '--directory', dir], { stdio: 'ignore' });
+    for (let i = 0; i < 50; i++) {
+      try {
+        await run('/usr/bin/python3', ['-c', `import socket; socket.create_connection(("${INET_IP}", 80), timeout=1)`]);
+        break;
+      } catch {
+        await sleep(100);
+      }
+    }
+    srv = await startServer('network', [
+      'network:',
+      '  allow_domains: [allowed.test]',
+      `  hosts: [{name: allowed.test, addrs: ["${INET_IP}"]}, {name: other.test, addrs: ["${INET_IP}"]}]`,
+      '  allow_private: [10.78.0.0/24]',
+      '  bridge: airlocke0',
+      '  subnet: 10.89.251.0/24',
+      '  proxy_port: 3130',
+    ]);
+  });
+
+  after(async () => {
+    await srv?.close().catch(() => {});
+    web?.kill();
+    await run('ip', ['netns', 'del', NS]).catch(() => {});
+    await run('ip', ['link', 'del', 've2e-h']).catch(() => {});
+    if (dir) await rm(dir, { recursive: true, force: true });
+  });
+
+  test('tools advertise the network arguments and the allowed domain', async () => {
+    const { tools } = await srv.client.listTools();
+    const shell = tools.find((t) => t.name === 'run_shell');
+    assert.deepEqual(Object.keys(shell.inputSchema.properties).sort(), ['allow_domains', 'command', 'network', 'timeout_s']);
+    assert.match(shell.description, /allowed\.test/);
+    assert.equal(shell.annotations.openWorldHint, true);
+  });
+
+  test('an allowed name is fetched; another is refused and reported', async () => {
+    const ok = await srv.shell('curl -sS --max-time 10 http://allowed.test/hello.txt', { network: 'allowlist' });
+    assert.equal(ok.isError, false, ok.text);
+    assert.equal(ok.sc.stdout, 'hello over mcp\n');
+    assert.deepEqual(ok.sc.egress_denied, []);
+
+    const no = await srv.shell('curl -fsS --max-time 10 http://other.test/hello.txt', { network: 'allowlist' });
+    assert.equal(no.isError, true);
+    assert.deepEqual(no.sc.egress_denied, [{ host: 'other.test', port: 80, reason: 'not in allow-list' }]);
+    assert.match(no.text, /other\.test:80: not in allow-list/);
+  });
+
+  test('without network the same call has no network', async () => {
+    const r = await srv.shell('curl -sS --max-time 5 http://allowed.test/hello.txt');
+    assert.equal(r.isError, true);
+    assert.doesNotMatch(r.sc.stdout, /hello over mcp/);
+  });
+
+  test('widening the allow-list is an argument error', async () => {
+    const r = await srv.shell('true', { network: 'allowlist', allow_domains: ['evil.test'] });
+    assert.equal(r.isError, true);
+    assert.equal(r.sc, undefined);
+    assert.match(r.text, /evil\.test/);
+    assert.match(r.text, /allowed\.test/);
+  });
+});
