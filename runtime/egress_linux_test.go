@@ -174,6 +174,17 @@ func netConfig(caFile string) config.Config {
 	return cfg
 }
 
+// removeTestNetwork removes the firewall and bridge of the test's network.
+// Close leaves them while other instances (this suite's main stack) live.
+func removeTestNetwork(cfg config.Config, instanceID string) {
+	nm, err := network.New(network.Config{Bridge: cfg.Network.Bridge, Subnet: netip.MustParsePrefix(cfg.Network.Subnet),
+		ProxyPort: cfg.Network.ProxyPort, StateDir: cfg.StateDir, InstanceID: instanceID})
+	if err == nil {
+		_ = nm.RemoveFirewall()
+		_ = nm.RemoveBridge()
+	}
+}
+
 // netStack brings up a second runtime with networking configured for the
 // test internet.
 func netStack(t *testing.T) *boot.Stack {
@@ -190,14 +201,7 @@ func netStack(t *testing.T) *boot.Stack {
 	}
 	t.Cleanup(func() {
 		s.Close(context.Background())
-		// Other live instances (this suite's main stack) keep Close from
-		// removing the shared firewall and bridge; the test removes its own.
-		nm, err := network.New(network.Config{Bridge: cfg.Network.Bridge, Subnet: netip.MustParsePrefix(cfg.Network.Subnet),
-			ProxyPort: cfg.Network.ProxyPort, StateDir: cfg.StateDir, InstanceID: s.Instance.ID})
-		if err == nil {
-			_ = nm.RemoveFirewall()
-			_ = nm.RemoveBridge()
-		}
+		removeTestNetwork(cfg, s.Instance.ID)
 	})
 	return s
 }
@@ -410,11 +414,7 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 	}
 	defer func() {
 		s.Close(context.Background())
-		if nm, err := network.New(network.Config{Bridge: cfg.Network.Bridge, Subnet: netip.MustParsePrefix(cfg.Network.Subnet),
-			ProxyPort: cfg.Network.ProxyPort, StateDir: cfg.StateDir, InstanceID: s.Instance.ID}); err == nil {
-			_ = nm.RemoveFirewall()
-			_ = nm.RemoveBridge()
-		}
+		removeTestNetwork(cfg, s.Instance.ID)
 	}()
 	if netnsExists(victim) {
 		t.Errorf("network namespace of killed instance %s survived the restart", victim)

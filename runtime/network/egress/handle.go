@@ -198,6 +198,27 @@ type target struct {
 	addrs   []netip.Addr // vetted; dial these, never the name
 }
 
+// open authorizes host:port for the session and dials the vetted address:
+// the one path from a request to an upstream connection. On refusal or a
+// failed dial it has answered the client and returns ok false.
+func (s *Server) open(ss *session, host string, port int) (t target, up net.Conn, ok bool) {
+	t, reason, detail := s.authorize(s.ctx, ss.reg.policy, host, port)
+	ss.host = t.host
+	if reason != "" {
+		s.denyResponse(ss, t, reason, detail)
+		return t, nil, false
+	}
+	up, err := s.dial(ss, t)
+	if err != nil {
+		s.dialFailed(ss, t, err)
+		return t, nil, false
+	}
+	if !ss.setUpstream(up) {
+		return t, nil, false
+	}
+	return t, up, true
+}
+
 // authorize applies the run's policy and the private-address check to
 // host:port. On refusal it returns the Denial reason (and a detail for the
 // log); the destination is then never dialed.
@@ -312,19 +333,8 @@ func (s *Server) serveConnect(ss *session, req *http.Request, br *bufio.Reader) 
 		return
 	}
 	ss.host, ss.port = host, port
-
-	t, reason, detail := s.authorize(s.ctx, ss.reg.policy, host, port)
-	ss.host = t.host
-	if reason != "" {
-		s.denyResponse(ss, t, reason, detail)
-		return
-	}
-	up, err := s.dial(ss, t)
-	if err != nil {
-		s.dialFailed(ss, t, err)
-		return
-	}
-	if !ss.setUpstream(up) {
+	t, up, ok := s.open(ss, host, port)
+	if !ok {
 		return
 	}
 	if _, err := io.WriteString(ss.client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
@@ -434,19 +444,8 @@ func (s *Server) serveHTTP(ss *session, req *http.Request, br *bufio.Reader) {
 		}
 	}
 	ss.host, ss.port = u.Hostname(), port
-
-	t, reason, detail := s.authorize(s.ctx, ss.reg.policy, u.Hostname(), port)
-	ss.host = t.host
-	if reason != "" {
-		s.denyResponse(ss, t, reason, detail)
-		return
-	}
-	up, err := s.dial(ss, t)
-	if err != nil {
-		s.dialFailed(ss, t, err)
-		return
-	}
-	if !ss.setUpstream(up) {
+	_, up, ok := s.open(ss, u.Hostname(), port)
+	if !ok {
 		return
 	}
 	stop := s.startIdleTimer(ss)
