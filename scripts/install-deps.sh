@@ -3,12 +3,15 @@
 # Each part is checked first (binary present + version stamp); a second run does nothing.
 # Pinned versions live here and nowhere else.
 set -euo pipefail
+# Go lives in /usr/local/go on these hosts; a login shell may not have it on PATH.
+command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
 
 CONTAINERD_VERSION="v2.4.2"
 GVISOR_VERSION="v0.0.0-20260905035102-160fafc42237"
 BIN_DIR="${AIRLOCK_BIN_DIR:-/usr/local/bin}"
 STAMP_DIR="${AIRLOCK_STAMP_DIR:-/usr/local/lib/airlock/stamps}"
-APT_PACKAGES=(containernetworking-plugins nftables iptables iproute2 debootstrap ca-certificates)
+# python3: Debian's /usr/bin/python3 serves the tests' own test hosts.
+APT_PACKAGES=(containernetworking-plugins nftables iptables iproute2 debootstrap ca-certificates python3)
 
 log() { echo "install-deps: $*" >&2; }
 
@@ -51,6 +54,12 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   log "debian packages present"
+fi
+
+# Node.js runs the end-to-end suite; the machine image has it, Debian's is the fallback.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  log "apt-get install nodejs npm"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
 # 2. containerd (daemon, ctr, runc shim) from the Go module proxy.

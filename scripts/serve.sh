@@ -4,6 +4,8 @@
 # (cached), then execs `airlock serve` with any arguments given.
 # Everything but the MCP stream goes to stderr: stdout belongs to stdio clients.
 set -euo pipefail
+# Go lives in /usr/local/go on these hosts; a login shell may not have it on PATH.
+command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
 cd "$(dirname "$0")/.."
 {
   bash scripts/install-deps.sh

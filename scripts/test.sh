@@ -5,6 +5,8 @@
 # official TypeScript MCP SDK client driving bin/airlock over stdio).
 # Under CI=true a missing prerequisite is a failure, never a skip.
 set -euo pipefail
+# Go lives in /usr/local/go on these hosts; a login shell may not have it on PATH.
+command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
 cd "$(dirname "$0")/.."
 export CI="${CI:-false}"
 STATICCHECK_VERSION=v0.8.2
