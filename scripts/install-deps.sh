@@ -59,6 +59,7 @@ fi
 # Node.js runs the end-to-end suite; the machine image has it, Debian's is the fallback.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   log "apt-get install nodejs npm"
+  apt-get update -qq >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
