@@ -62,6 +62,8 @@ type Options struct {
 	// networked runs are not offered.
 	Network *network.Manager
 	Proxy   *egress.Server
+	// ProxyPort is the port Proxy listens on, on the network's gateway.
+	ProxyPort int
 	// CABundle is PEM the sandbox trusts for TLS (system roots included).
 	CABundle []byte
 }
@@ -273,7 +275,7 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		unregister := m.o.Proxy.Register(att.IP, req.RunID, *req.Egress)
 		cleanups = append(cleanups, func(context.Context) { unregister() })
 		defer func() { res.EgressDenied = m.o.Proxy.Denials(req.RunID) }()
-		proxy := fmt.Sprintf("http://%s:%d", att.Gateway, m.o.Network.Config().ProxyPort)
+		proxy := fmt.Sprintf("http://%s:%d", att.Gateway, m.o.ProxyPort)
 		policy.NetNSPath = att.NetNSPath
 		policy.Env = BuildEnv(mergeEnv(m.o.Env, ProxyEnv(proxy, len(m.o.CABundle) > 0)))
 		files = ProxyFiles(proxy, m.o.CABundle)

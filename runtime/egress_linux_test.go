@@ -447,3 +447,34 @@ func instanceOfPid(stateDir string, pid int) string {
 	}
 	return ""
 }
+
+// Two airlock instances on one host both serve networked runs, each through
+// its own proxy; neither proxy serves the other's sandboxes.
+func TestEgressTwoInstances(t *testing.T) {
+	a := netStack(t)
+	b, err := boot.Up(context.Background(), a.Config, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	if b.Egress == nil {
+		t.Fatal("second instance offers no network")
+	}
+	for name, s := range map[string]*boot.Stack{"first": a, "second": b} {
+		r := netRun(t, s, runtime.Shell, "echo $HTTP_PROXY; curl -sS --max-time 10 http://allowed.test/hello.txt")
+		if !strings.Contains(r.Stdout, "hello from the test internet") {
+			t.Errorf("%s instance: %q %q", name, r.Stdout, r.Stderr)
+		}
+	}
+	ra := netRun(t, a, runtime.Shell, "echo $HTTP_PROXY")
+	rb := netRun(t, b, runtime.Shell, "echo $HTTP_PROXY")
+	if ra.Stdout == rb.Stdout {
+		t.Errorf("both instances' sandboxes use proxy %s", ra.Stdout)
+	}
+	// A sandbox of b sent to a's proxy is refused: a never registered it.
+	aProxy := strings.TrimSpace(ra.Stdout)
+	r := netRun(t, b, runtime.Shell, "curl -sS -o /dev/null -w '%{http_code}' --proxy "+aProxy+" --max-time 10 http://allowed.test/hello.txt")
+	if r.Stdout != "403" {
+		t.Errorf("other instance's proxy answered %q, want 403", r.Stdout)
+	}
+}

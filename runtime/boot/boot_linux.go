@@ -134,11 +134,11 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		es, err := s.upNetwork(ctx, cfg)
 		switch {
 		case errors.Is(err, ErrProxyTaken):
-			log.Warn("networked runs are served by another airlock instance on this host; this one offers network none only")
+			log.Warn("all egress proxy ports are taken by other airlock instances; this one offers network none only (raise the range or stop an instance)")
 		case err != nil:
 			return s, err
 		default:
-			base.Network, base.Proxy, base.CABundle = es.net, es.proxy, es.caBundle
+			base.Network, base.Proxy, base.CABundle, base.ProxyPort = es.net, es.proxy, es.caBundle, es.port
 			s.Egress = &es.policy
 		}
 	}

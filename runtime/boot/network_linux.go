@@ -26,12 +26,13 @@ type egressStack struct {
 	net      *network.Manager
 	proxy    *egress.Server
 	caBundle []byte
+	port     int // the port this instance's proxy listens on
 }
 
 // upNetwork prepares networked runs: policy, firewall (before any sandbox
 // gets an address), garbage from dead instances, and the proxy on the
-// gateway. Only one instance per host can own the proxy's address; the
-// others return ErrProxyTaken and serve runs without network.
+// gateway. Instances sharing the bridge each run a proxy on a port of their
+// own; when every port of the range is taken, it returns ErrProxyTaken.
 func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack, error) {
 	nc := cfg.Network
 	pol, err := egress.ParsePolicy(nc.AllowDomains, nc.AllowPorts, nc.AllowCIDRs)
@@ -100,7 +101,16 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	if err != nil {
 		return nil, err
 	}
-	ln, err := listenFreebind(ctx, nm.Config().ProxyAddr().String())
+	// Each instance sharing the bridge has its own proxy, on the first free
+	// port of the range the firewall opens.
+	var ln net.Listener
+	nc2 := nm.Config()
+	for port := nc2.ProxyPort; port < nc2.ProxyPort+nc2.ProxyPorts; port++ {
+		ln, err = listenFreebind(ctx, netip.AddrPortFrom(nc2.Gateway(), uint16(port)).String())
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, ErrProxyTaken
@@ -110,11 +120,11 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	go func() { _ = proxy.Serve(ln) }()
 	s.closers = append(s.closers, func(context.Context) { _ = proxy.Close() })
 	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "domains", pol.Domains())
-	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca}, nil
+	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca, port: ln.Addr().(*net.TCPAddr).Port}, nil
 }
 
-// ErrProxyTaken means another airlock instance serves networked runs here.
-var ErrProxyTaken = errors.New("another airlock instance owns the egress proxy address")
+// ErrProxyTaken means every proxy port is held by other airlock instances.
+var ErrProxyTaken = errors.New("every egress proxy port is taken by other airlock instances")
 
 // listenFreebind listens on addr even before the bridge carrying that
 // address exists: the gateway address appears when the first sandbox

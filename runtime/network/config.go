@@ -27,8 +27,10 @@ import (
 const (
 	DefaultBridge    = "airlock0"
 	DefaultProxyPort = 3128
-	DefaultTable     = "airlock"
-	DefaultNetNSDir  = "/run/netns"
+	// DefaultProxyPorts is the number of proxy ports, one per instance.
+	DefaultProxyPorts = 8
+	DefaultTable      = "airlock"
+	DefaultNetNSDir   = "/run/netns"
 )
 
 // DefaultSubnet is the sandbox subnet used when Config.Subnet is zero.
@@ -44,8 +46,13 @@ type Config struct {
 	// Subnet is the IPv4 sandbox subnet; its first host address is the
 	// gateway, assigned to the bridge, where the egress proxy listens.
 	Subnet netip.Prefix
-	// ProxyPort is the one TCP port on the gateway a sandbox may reach.
+	// ProxyPort is the first of ProxyPorts TCP ports on the gateway a
+	// sandbox may reach: one per airlock instance sharing the bridge, each
+	// proxy serving only the sandboxes it registered.
 	ProxyPort int
+	// ProxyPorts is how many consecutive ports from ProxyPort are open to
+	// sandboxes. Default 8.
+	ProxyPorts int
 	// CNIBinDirs are the directories holding CNI plugin binaries.
 	CNIBinDirs []string
 	// StateDir holds host-local IPAM allocations (StateDir/ipam) and one
@@ -79,6 +86,9 @@ func (c Config) WithDefaults() (Config, error) {
 	if !c.Subnet.IsValid() {
 		c.Subnet = DefaultSubnet
 	}
+	if c.ProxyPorts == 0 {
+		c.ProxyPorts = DefaultProxyPorts
+	}
 	if c.ProxyPort == 0 {
 		c.ProxyPort = DefaultProxyPort
 	}
@@ -105,6 +115,9 @@ func (c Config) validate() error {
 		errs = append(errs, fmt.Errorf("subnet %s: prefix length must be between 8 and 29", c.Subnet))
 	} else if c.Subnet.Masked() != c.Subnet {
 		errs = append(errs, fmt.Errorf("subnet %s: host bits set (did you mean %s?)", c.Subnet, c.Subnet.Masked()))
+	}
+	if c.ProxyPorts < 1 || c.ProxyPort+c.ProxyPorts-1 > 65535 {
+		errs = append(errs, fmt.Errorf("proxy ports %d+%d: out of range", c.ProxyPort, c.ProxyPorts))
 	}
 	if c.ProxyPort < 1 || c.ProxyPort > 65535 {
 		errs = append(errs, fmt.Errorf("proxy port %d: out of range", c.ProxyPort))

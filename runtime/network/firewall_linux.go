@@ -109,12 +109,14 @@ type ruleSpec struct {
 	exprs []expr.Any
 }
 
-// inputRules guard the host itself. Only TCP to gateway:ProxyPort passes.
+// inputRules guard the host itself. Only TCP to the gateway's proxy ports passes.
 func (m *Manager) inputRules() []ruleSpec {
 	br := ifname(m.cfg.Bridge)
 	gw := m.cfg.Gateway().As4()
 	port := make([]byte, 2)
 	binary.BigEndian.PutUint16(port, uint16(m.cfg.ProxyPort))
+	lastPort := make([]byte, 2)
+	binary.BigEndian.PutUint16(lastPort, uint16(m.cfg.ProxyPort+m.cfg.ProxyPorts-1))
 	fromBridge := metaCmp(expr.MetaKeyIIFNAME, expr.CmpOpEq, br)
 	return []ruleSpec{
 		{CounterInputIPv6, cat(fromBridge,
@@ -128,7 +130,7 @@ func (m *Manager) inputRules() []ruleSpec {
 			metaCmp(expr.MetaKeyL4PROTO, expr.CmpOpEq, []byte{unix.IPPROTO_TCP}),
 			[]expr.Any{
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: port},
+				&expr.Range{Op: expr.CmpOpEq, Register: 1, FromData: port, ToData: lastPort},
 				&expr.Ct{Key: expr.CtKeySTATE, Register: 1},
 				&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
 					Mask: binary.NativeEndian.AppendUint32(nil, expr.CtStateBitNEW|expr.CtStateBitESTABLISHED),
