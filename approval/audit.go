@@ -1,0 +1,166 @@
+package approval
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// auditKeep is how many rotated files (path.1 … path.3) are kept; the
+// oldest is dropped so the log has a fixed disk budget.
+const auditKeep = 3
+
+// Record is one audit line: who asked to run what, who allowed it, and what
+// happened. Code is optional because some deployments must not store it;
+// CodeSHA256 still ties the record to the exact code.
+type Record struct {
+	ID         string    `json:"id"`
+	Time       time.Time `json:"time"`
+	Client     string    `json:"client"`
+	Transport  string    `json:"transport"`
+	Tool       string    `json:"tool"`
+	CodeSHA256 string    `json:"code_sha256"`
+	Code       string    `json:"code,omitempty"`
+	// Decision is e.g. "approved", "denied", "expired", "auto".
+	Decision string `json:"decision"`
+	Approver string `json:"approver"`
+	// Channel is how the human was asked: "elicitation", "console", "" for none.
+	Channel      string   `json:"channel"`
+	WaitMS       int64    `json:"wait_ms"`
+	Limits       Limits   `json:"limits"`
+	Network      string   `json:"network"`
+	EgressDenied []string `json:"egress_denied"`
+	// ExitCode is nil when the code did not run (denied, infrastructure
+	// failure), so a denial never reads as exit status 0.
+	ExitCode    *int   `json:"exit_code"`
+	DurationMS  int64  `json:"duration_ms"`
+	StdoutBytes int64  `json:"stdout_bytes"`
+	StderrBytes int64  `json:"stderr_bytes"`
+	Truncated   bool   `json:"truncated"`
+	LimitHit    string `json:"limit_hit"`
+}
+
+// Audit is an append-only JSON-lines log with size-based rotation. It is
+// safe for concurrent use.
+type Audit struct {
+	mu       sync.Mutex
+	path     string
+	maxBytes int64
+	f        *os.File
+	size     int64
+}
+
+// OpenAudit opens (or creates) the log at path. When a write would take the
+// file past maxBytes it is rotated to path.1, path.1 to path.2 and so on up
+// to path.3; maxBytes <= 0 disables rotation.
+func OpenAudit(path string, maxBytes int64) (*Audit, error) {
+	a := &Audit{path: path, maxBytes: maxBytes}
+	if err := a.openLocked(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// openLocked opens the current file and learns its size.
+func (a *Audit) openLocked() error {
+	f, err := os.OpenFile(a.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("opening audit log: stat %s: %w", a.path, err)
+	}
+	a.f, a.size = f, st.Size()
+	return nil
+}
+
+// Write appends rec as one JSON line and fsyncs it before returning. The
+// line goes out in a single write under the lock so concurrent records never
+// interleave, and a failed write is cut back off, so a record is whole or
+// absent. A caller that gets an error must not run the code: an unaudited
+// run is what the log exists to prevent.
+func (a *Audit) Write(rec Record) error {
+	line, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("audit record %s: encoding: %w", rec.ID, err)
+	}
+	line = append(line, '\n')
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.f == nil {
+		return fmt.Errorf("audit record %s: %w", rec.ID, os.ErrClosed)
+	}
+	if a.maxBytes > 0 && a.size > 0 && a.size+int64(len(line)) > a.maxBytes {
+		if err := a.rotateLocked(); err != nil {
+			return fmt.Errorf("audit record %s: %w", rec.ID, err)
+		}
+	}
+	n, err := a.f.Write(line)
+	if err == nil {
+		err = a.f.Sync()
+	}
+	if err != nil {
+		if n > 0 {
+			// Drop the partial line so readers never see half a record.
+			_ = a.f.Truncate(a.size)
+		}
+		return fmt.Errorf("audit record %s: writing %s: %w", rec.ID, a.path, err)
+	}
+	a.size += int64(n)
+	return nil
+}
+
+// rotateLocked shifts path.2 → path.3, path.1 → path.2, path → path.1 and
+// starts a new file. The current file is only renamed after the older ones
+// moved, so a failure leaves every existing record in some file.
+func (a *Audit) rotateLocked() error {
+	for i := auditKeep - 1; i >= 1; i-- {
+		from := fmt.Sprintf("%s.%d", a.path, i)
+		to := fmt.Sprintf("%s.%d", a.path, i+1)
+		if err := os.Rename(from, to); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("rotating audit log: %w", err)
+		}
+	}
+	if err := os.Rename(a.path, a.path+".1"); err != nil {
+		return fmt.Errorf("rotating audit log: %w", err)
+	}
+	old := a.f
+	a.f = nil
+	if err := old.Close(); err != nil {
+		return fmt.Errorf("rotating audit log: closing %s.1: %w", a.path, err)
+	}
+	if err := a.openLocked(); err != nil {
+		return fmt.Errorf("rotating audit log: %w", err)
+	}
+	// Persist the renames, or a crash could bring back the old name.
+	if d, err := os.Open(filepath.Dir(a.path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// Close flushes and closes the log; later Writes fail.
+func (a *Audit) Close() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.f == nil {
+		return nil
+	}
+	err := a.f.Sync()
+	if cerr := a.f.Close(); err == nil {
+		err = cerr
+	}
+	a.f = nil
+	if err != nil {
+		return fmt.Errorf("closing audit log %s: %w", a.path, err)
+	}
+	return nil
+}

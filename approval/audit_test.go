@@ -1,0 +1,197 @@
+package approval
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func sampleRecord(id string) Record {
+	code := 0
+	return Record{
+		ID: id, Time: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Client: "claude-desktop", Transport: "stdio", Tool: "run_python",
+		CodeSHA256: strings.Repeat("ab", 32), Decision: "approved", Approver: "alice",
+		Channel: "elicitation", WaitMS: 1200, Limits: Limits{TimeoutS: 30, MemoryMB: 256},
+		Network: "allowlist", EgressDenied: []string{"evil.com"}, ExitCode: &code,
+		DurationMS: 800, StdoutBytes: 10, StderrBytes: 0, Truncated: false, LimitHit: "",
+	}
+}
+
+// readLines returns the lines of path, failing on any line that is not a
+// complete JSON record.
+func readLines(t *testing.T, path string) []Record {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		t.Errorf("%s does not end with a newline: a partial record", path)
+	}
+	var out []Record
+	sc := bufio.NewScanner(strings.NewReader(string(data)))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var r Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("%s: line %q is not a JSON record: %v", path, sc.Text(), err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func TestAuditWritesJSONLines(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	a, err := OpenAudit(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	denied := sampleRecord("r2")
+	denied.ExitCode, denied.Decision, denied.Code = nil, "denied", "print('hi')\n"
+	for _, r := range []Record{sampleRecord("r1"), denied} {
+		if err := a.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every byte is on disk before Close: read through another handle now.
+	got := readLines(t, path)
+	if len(got) != 2 || got[0].ID != "r1" || got[1].ID != "r2" {
+		t.Fatalf("records = %+v, want r1 then r2", got)
+	}
+	if got[0].ExitCode == nil || *got[0].ExitCode != 0 || got[1].ExitCode != nil {
+		t.Errorf("exit codes = %v, %v; want 0 and null", got[0].ExitCode, got[1].ExitCode)
+	}
+	if got[1].Code != "print('hi')\n" || got[1].Limits.MemoryMB != 256 {
+		t.Errorf("record r2 round-tripped as %+v", got[1])
+	}
+	raw, _ := os.ReadFile(path)
+	first := strings.SplitN(string(raw), "\n", 2)[0]
+	for _, key := range []string{"id", "time", "client", "transport", "tool", "code_sha256", "decision", "approver", "channel", "wait_ms", "limits", "network", "egress_denied", "exit_code", "duration_ms", "stdout_bytes", "stderr_bytes", "truncated", "limit_hit"} {
+		if !strings.Contains(first, `"`+key+`":`) {
+			t.Errorf("line %s lacks key %q", first, key)
+		}
+	}
+	if strings.Contains(first, `"code":`) {
+		t.Errorf("empty code was written: %s", first)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Write(sampleRecord("late")); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("Write after Close err = %v, want os.ErrClosed", err)
+	}
+	// Reopening appends instead of truncating.
+	b, err := OpenAudit(path, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Write(sampleRecord("r3")); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(readLines(t, path)); n != 3 {
+		t.Errorf("after reopen %d records, want 3", n)
+	}
+}
+
+func TestAuditRotation(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	line, _ := json.Marshal(sampleRecord("r00"))
+	lineLen := int64(len(line) + 1)
+	// Room for exactly two records per file.
+	a, err := OpenAudit(path, 2*lineLen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for i := 0; i < 10; i++ {
+		if err := a.Write(sampleRecord(fmt.Sprintf("r%02d", i))); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+		if st, err := os.Stat(path); err != nil || st.Size() > 2*lineLen {
+			t.Fatalf("after write %d current file is %v bytes (err %v), cap %d", i, st.Size(), err, 2*lineLen)
+		}
+	}
+	// 10 records, 2 per file: current r08 r09, .1 r06 r07, .2 r04 r05,
+	// .3 r02 r03; r00 r01 were dropped with the fourth file.
+	want := map[string][]string{
+		path:        {"r08", "r09"},
+		path + ".1": {"r06", "r07"},
+		path + ".2": {"r04", "r05"},
+		path + ".3": {"r02", "r03"},
+	}
+	for p, ids := range want {
+		got := readLines(t, p)
+		var gotIDs []string
+		for _, r := range got {
+			gotIDs = append(gotIDs, r.ID)
+		}
+		if strings.Join(gotIDs, ",") != strings.Join(ids, ",") {
+			t.Errorf("%s holds %v, want %v", filepath.Base(p), gotIDs, ids)
+		}
+	}
+	if _, err := os.Stat(path + ".4"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s.4 exists (err %v); want at most 3 rotated files", path, err)
+	}
+}
+
+func TestAuditOpenFails(t *testing.T) {
+	dir := t.TempDir()
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := OpenAudit(filepath.Join(notDir, "audit.jsonl"), 0)
+	if err == nil || !strings.Contains(err.Error(), "opening audit log") || !strings.Contains(err.Error(), "audit.jsonl") {
+		t.Errorf("OpenAudit under a file err = %v, want an error naming the audit log path", err)
+	}
+}
+
+func TestAuditConcurrentWholeLines(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "audit.jsonl")
+	a, err := OpenAudit(path, 0) // no rotation: every record must be found
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers, each = 8, 50
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				r := sampleRecord(fmt.Sprintf("w%d-%d", w, i))
+				r.Code = strings.Repeat("x", 2000) // big enough to tear if writes interleaved
+				if err := a.Write(r); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, r := range readLines(t, path) {
+		if seen[r.ID] {
+			t.Errorf("record %s appears twice", r.ID)
+		}
+		seen[r.ID] = true
+	}
+	if len(seen) != writers*each {
+		t.Errorf("found %d whole records, want %d", len(seen), writers*each)
+	}
+}

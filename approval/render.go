@@ -1,0 +1,212 @@
+package approval
+
+import (
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxLineDisplay is the number of display characters a rendered line may
+// hold before it is cut with a marker; beyond it a reviewer would have to
+// scroll, which is where Trojan code likes to hide.
+const MaxLineDisplay = 500
+
+// maxBlankRun is the longest run of blank lines shown as is; longer runs are
+// collapsed so code cannot be pushed out of view by whitespace.
+const maxBlankRun = 3
+
+// Warning texts, one per kind of hidden content; exported as constants so
+// channels and tests can match on them without copying strings.
+const (
+	WarnBidi       = "bidi control characters"
+	WarnZeroWidth  = "zero-width characters"
+	WarnCR         = "carriage return without newline"
+	WarnNUL        = "NUL characters"
+	WarnControl    = "control characters"
+	WarnInvisible  = "other invisible or non-printable characters"
+	WarnInvalidUTF = "invalid UTF-8"
+	WarnBlankLines = "more than 3 consecutive blank lines"
+	WarnLongLines  = "lines longer than 500 characters (display truncated)"
+)
+
+// Rendered is code prepared for a human to approve: every character that
+// could make the code read differently from how it runs is spelled out.
+type Rendered struct {
+	// Text is the code with invisible and control characters made visible.
+	// It holds only printable runes, '\n' and '\t'.
+	Text string
+	// Lines is the number of lines of the original code, so the reviewer can
+	// tell when the display collapsed or cut something.
+	Lines int
+	// Warnings names each kind of hidden content found, once, in the order
+	// first seen, so a channel can put them above the code.
+	Warnings []string
+}
+
+// bidiNames are the Unicode bidirectional controls used in Trojan-source
+// attacks (CVE-2021-42574).
+var bidiNames = map[rune]string{
+	0x061C: "ARABIC LETTER MARK",
+	0x200E: "LEFT-TO-RIGHT MARK",
+	0x200F: "RIGHT-TO-LEFT MARK",
+	0x202A: "LEFT-TO-RIGHT EMBEDDING",
+	0x202B: "RIGHT-TO-LEFT EMBEDDING",
+	0x202C: "POP DIRECTIONAL FORMATTING",
+	0x202D: "LEFT-TO-RIGHT OVERRIDE",
+	0x202E: "RIGHT-TO-LEFT OVERRIDE",
+	0x2066: "LEFT-TO-RIGHT ISOLATE",
+	0x2067: "RIGHT-TO-LEFT ISOLATE",
+	0x2068: "FIRST STRONG ISOLATE",
+	0x2069: "POP DIRECTIONAL ISOLATE",
+}
+
+// zeroWidthNames are characters that take no space, used to make two
+// identifiers that look equal differ.
+var zeroWidthNames = map[rune]string{
+	0x200B: "ZERO WIDTH SPACE",
+	0x200C: "ZERO WIDTH NON-JOINER",
+	0x200D: "ZERO WIDTH JOINER",
+	0x2060: "WORD JOINER",
+	0xFEFF: "ZERO WIDTH NO-BREAK SPACE",
+}
+
+// token is the display of one input character; the line cutter needs to
+// know where each input character starts so it never splits a marker.
+type token struct {
+	text  string
+	width int
+}
+
+// Render returns code as a reviewer should see it. It never drops content
+// silently: whatever is collapsed or cut is replaced by a marker that says
+// how much, and a warning names it.
+func Render(code string) Rendered {
+	var (
+		out      strings.Builder
+		warnings []string
+		seen     = map[string]bool{}
+	)
+	warn := func(w string) {
+		if !seen[w] {
+			seen[w] = true
+			warnings = append(warnings, w)
+		}
+	}
+
+	// Split into lines first; a CR-LF pair is an ordinary newline, a lone CR
+	// stays inside its line and is escaped below.
+	raw := strings.Split(code, "\n")
+	if strings.HasSuffix(code, "\n") {
+		raw = raw[:len(raw)-1]
+	}
+	lines := len(raw)
+	if code == "" {
+		lines = 0
+		raw = nil
+	}
+
+	blankRun := 0
+	flushBlanks := func() {
+		if blankRun > maxBlankRun {
+			fmt.Fprintf(&out, "⟦%d blank lines⟧\n", blankRun)
+			warn(WarnBlankLines)
+		} else {
+			for i := 0; i < blankRun; i++ {
+				out.WriteByte('\n')
+			}
+		}
+		blankRun = 0
+	}
+
+	for i, line := range raw {
+		if i < len(raw)-1 || strings.HasSuffix(code, "\n") {
+			// Only a CR right before a newline is part of a CR-LF pair.
+			line = strings.TrimSuffix(line, "\r")
+		}
+		if strings.Trim(line, " \t") == "" {
+			// Whitespace-only lines hide nothing but vertical space; keep a
+			// blank line blank so the count is exact.
+			blankRun++
+			continue
+		}
+		flushBlanks()
+		out.WriteString(renderLine(line, warn))
+		out.WriteByte('\n')
+	}
+	flushBlanks()
+
+	text := out.String()
+	if !strings.HasSuffix(code, "\n") {
+		text = strings.TrimSuffix(text, "\n")
+	}
+	return Rendered{Text: text, Lines: lines, Warnings: warnings}
+}
+
+// renderLine escapes one line (without its newline) and cuts it at
+// MaxLineDisplay display characters.
+func renderLine(line string, warn func(string)) string {
+	var toks []token
+	for i := 0; i < len(line); {
+		r, size := utf8.DecodeRuneInString(line[i:])
+		if r == utf8.RuneError && size == 1 {
+			warn(WarnInvalidUTF)
+			toks = append(toks, marker(fmt.Sprintf("⟦invalid UTF-8 0x%02X⟧", line[i])))
+			i++
+			continue
+		}
+		i += size
+		toks = append(toks, escapeRune(r, warn))
+	}
+
+	var b strings.Builder
+	width := 0
+	for n, t := range toks {
+		if width+t.width > MaxLineDisplay {
+			warn(WarnLongLines)
+			fmt.Fprintf(&b, "⟦… %d more characters hidden⟧", len(toks)-n)
+			break
+		}
+		b.WriteString(t.text)
+		width += t.width
+	}
+	return b.String()
+}
+
+// escapeRune returns the display of one character, warning about its kind
+// when it is not shown as itself.
+func escapeRune(r rune, warn func(string)) token {
+	switch {
+	case r == '\t':
+		return token{"\t", 1}
+	case r == '\r':
+		warn(WarnCR)
+		return marker("⟦CR⟧")
+	case r == 0:
+		warn(WarnNUL)
+		return marker("⟦NUL⟧")
+	case bidiNames[r] != "":
+		warn(WarnBidi)
+		return marker(fmt.Sprintf("⟦U+%04X %s⟧", r, bidiNames[r]))
+	case zeroWidthNames[r] != "":
+		warn(WarnZeroWidth)
+		return marker(fmt.Sprintf("⟦U+%04X %s⟧", r, zeroWidthNames[r]))
+	case r < 0x20 || (r >= 0x7F && r <= 0x9F):
+		warn(WarnControl)
+		return marker(fmt.Sprintf("⟦U+%04X⟧", r))
+	case !unicode.IsPrint(r):
+		// Format characters, tag characters, non-ASCII spaces, line and
+		// paragraph separators, unassigned code points: anything a terminal
+		// may draw as nothing or as something else.
+		warn(WarnInvisible)
+		return marker(fmt.Sprintf("⟦U+%04X⟧", r))
+	default:
+		return token{string(r), 1}
+	}
+}
+
+// marker makes a token whose width is its length in runes, so a line made
+// of escapes is cut as soon as a plain one would be.
+func marker(s string) token {
+	return token{s, utf8.RuneCountInString(s)}
+}
