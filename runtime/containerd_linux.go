@@ -252,7 +252,6 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	start := time.Now()
 	policy := SpecPolicy{
 		Args:        args,
-		Env:         BuildEnv(m.o.Env),
 		UID:         m.o.UID,
 		GID:         m.o.GID,
 		Limits:      req.Limits,
@@ -260,6 +259,7 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	}
 	runtimeOpts := m.runtimeOpts
 	var files map[string][]byte
+	var proxyEnv map[string]string
 	if req.Egress != nil {
 		// The namespace must be wired before the sandbox starts: runsc reads
 		// its interfaces once, at start.
@@ -277,10 +277,11 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		defer func() { res.EgressDenied = m.o.Proxy.Denials(req.RunID) }()
 		proxy := fmt.Sprintf("http://%s:%d", att.Gateway, m.o.ProxyPort)
 		policy.NetNSPath = att.NetNSPath
-		policy.Env = BuildEnv(mergeEnv(m.o.Env, ProxyEnv(proxy, len(m.o.CABundle) > 0)))
+		proxyEnv = ProxyEnv(proxy, len(m.o.CABundle) > 0)
 		files = ProxyFiles(proxy, m.o.CABundle)
 		runtimeOpts = m.netOpts
 	}
+	policy.Env = BuildEnv(m.o.Env, proxyEnv)
 	spec, err := Spec(policy)
 	if err != nil {
 		return res, err
@@ -291,7 +292,7 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 	// the spec still mounts the root read-only inside the sandbox.
 	container, err := m.o.Client.NewContainer(ctx, id,
 		containerd.WithImage(m.o.Image),
-		containerd.WithSnapshotter(snapshotter),
+		containerd.WithSnapshotter(Snapshotter),
 		containerd.WithNewSnapshot(id, m.o.Image, snapshots.WithLabels(labels)),
 		containerd.WithRuntime(m.o.Shim, runtimeOpts),
 		containerd.WithSpec(spec),
@@ -428,9 +429,9 @@ func deleteTask(ctx context.Context, task containerd.Task) error {
 	return nil
 }
 
-// snapshotter is the containerd snapshotter sandboxes use; placeCode knows
-// its mount layout.
-const snapshotter = "overlayfs"
+// Snapshotter is the containerd snapshotter sandboxes use, and so the one
+// images must be unpacked for: placeCode writes into its upper layer.
+const Snapshotter = "overlayfs"
 
 // placeCode writes the run's code into its snapshot's upper layer, as a
 // root-owned, world-readable file under CodeDir. It is part of the sandbox's
@@ -440,7 +441,7 @@ func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Lang
 	if err != nil {
 		return err
 	}
-	mounts, err := m.o.Client.SnapshotService(snapshotter).Mounts(ctx, key)
+	mounts, err := m.o.Client.SnapshotService(Snapshotter).Mounts(ctx, key)
 	if err != nil {
 		return fmt.Errorf("snapshot mounts: %w", err)
 	}

@@ -18,7 +18,6 @@ import (
 	"log/slog"
 	"math/big"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,9 +176,11 @@ func netConfig(caFile string) config.Config {
 // removeTestNetwork removes the firewall and bridge of the test's network.
 // Close leaves them while other instances (this suite's main stack) live.
 func removeTestNetwork(cfg config.Config, instanceID string) {
-	nm, err := network.New(network.Config{Bridge: cfg.Network.Bridge, Subnet: netip.MustParsePrefix(cfg.Network.Subnet),
-		ProxyPort: cfg.Network.ProxyPort, StateDir: cfg.StateDir, InstanceID: instanceID})
-	if err == nil {
+	ncfg, err := boot.NetworkConfig(cfg, instanceID)
+	if err != nil {
+		return
+	}
+	if nm, err := network.New(ncfg); err == nil {
 		_ = nm.RemoveFirewall()
 		_ = nm.RemoveBridge()
 	}

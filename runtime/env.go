@@ -19,14 +19,17 @@ var baseEnv = map[string]string{
 }
 
 // BuildEnv returns the sandbox environment as KEY=VALUE lines, sorted: the
-// base list overlaid with extra (the operator's sandbox.env).
-func BuildEnv(extra map[string]string) []string {
-	m := make(map[string]string, len(baseEnv)+len(extra))
+// base list overlaid with each of extras in turn (the operator's
+// sandbox.env, then a networked run's proxy settings).
+func BuildEnv(extras ...map[string]string) []string {
+	m := make(map[string]string, len(baseEnv))
 	for k, v := range baseEnv {
 		m[k] = v
 	}
-	for k, v := range extra {
-		m[k] = v
+	for _, extra := range extras {
+		for k, v := range extra {
+			m[k] = v
+		}
 	}
 	out := make([]string, 0, len(m))
 	for k, v := range m {
@@ -69,16 +72,4 @@ func ProxyFiles(proxyURL string, caBundle []byte) map[string][]byte {
 		files["ca.pem"] = caBundle
 	}
 	return files
-}
-
-// mergeEnv returns a's entries overlaid with b's.
-func mergeEnv(a, b map[string]string) map[string]string {
-	out := make(map[string]string, len(a)+len(b))
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
 }

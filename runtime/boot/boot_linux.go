@@ -95,14 +95,12 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 
 	// Sandboxes of instances that died without cleaning up.
 	nctx := namespaces.WithNamespace(ctx, cfg.Containerd.Namespace)
-	if n, err := runtime.RemoveSandboxes(nctx, client, cfg.Containerd.Namespace, func(id string) bool {
-		return id != inst.ID && !instance.Alive(cfg.StateDir, id)
-	}); err != nil {
+	if n, err := runtime.RemoveSandboxes(nctx, client, cfg.Containerd.Namespace, s.deadInstance); err != nil {
 		log.Warn("remove orphaned sandboxes", "err", err)
 	} else if n > 0 {
 		log.Info("removed orphaned sandboxes", "count", n)
 	}
-	removeDeadFIFODirs(cfg.StateDir, inst.ID)
+	s.removeDeadFIFODirs()
 	if need == NeedClient {
 		return s, nil
 	}
@@ -111,24 +109,9 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	if err != nil {
 		return s, err
 	}
-	runsc, err := exec.LookPath(cfg.Runtime.Runsc)
+	base, err := s.ManagerOptions(img, log)
 	if err != nil {
-		return s, fmt.Errorf("find runsc %q (run `airlock doctor`): %w", cfg.Runtime.Runsc, err)
-	}
-	runsc, _ = filepath.Abs(runsc)
-	base := runtime.Options{
-		Client:      client,
-		Namespace:   cfg.Containerd.Namespace,
-		Image:       img,
-		Runsc:       runsc,
-		RunscFlags:  cfg.Runtime.RunscFlags,
-		InstanceID:  inst.ID,
-		StateDir:    cfg.StateDir,
-		UID:         uint32(cfg.Sandbox.UID),
-		GID:         uint32(cfg.Sandbox.GID),
-		Env:         cfg.Sandbox.Env,
-		Concurrency: cfg.Limits.Concurrency,
-		Log:         log,
+		return s, err
 	}
 	if cfg.Network.Enabled() {
 		es, err := s.upNetwork(ctx, cfg)
@@ -144,7 +127,7 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	}
 	shim := cfg.Runtime.Shim
 	if shim == config.ShimAuto {
-		shim, err = DetectShim(ctx, base, runsc)
+		shim, err = DetectShim(ctx, base)
 		if err != nil {
 			return s, err
 		}
@@ -164,6 +147,32 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	return s, nil
 }
 
+// ManagerOptions are the sandbox manager's options for this stack's
+// configuration, client and instance, with img as the image. The shim and
+// the network are left for the caller.
+func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (runtime.Options, error) {
+	cfg := s.Config
+	runsc, err := exec.LookPath(cfg.Runtime.Runsc)
+	if err != nil {
+		return runtime.Options{}, fmt.Errorf("find runsc %q (run `airlock doctor`): %w", cfg.Runtime.Runsc, err)
+	}
+	runsc, _ = filepath.Abs(runsc)
+	return runtime.Options{
+		Client:      s.Client,
+		Namespace:   cfg.Containerd.Namespace,
+		Image:       img,
+		Runsc:       runsc,
+		RunscFlags:  cfg.Runtime.RunscFlags,
+		InstanceID:  s.Instance.ID,
+		StateDir:    cfg.StateDir,
+		UID:         uint32(cfg.Sandbox.UID),
+		GID:         uint32(cfg.Sandbox.GID),
+		Env:         cfg.Sandbox.Env,
+		Concurrency: cfg.Limits.Concurrency,
+		Log:         log,
+	}, nil
+}
+
 // Close releases the stack in reverse order of acquisition.
 func (s *Stack) Close(ctx context.Context) {
 	if s == nil {
@@ -177,11 +186,14 @@ func (s *Stack) Close(ctx context.Context) {
 	s.closers = nil
 }
 
+// ShimPreference is the order shims are tried in: gVisor's own first.
+var ShimPreference = []string{runtime.ShimRunsc, runtime.ShimRunc}
+
 // DetectShim finds the shim that starts a sandbox on this host, preferring
 // gVisor's own. The answer is cached in state_dir, keyed by the runsc binary,
 // so only the first start pays for the probe.
-func DetectShim(ctx context.Context, o runtime.Options, runsc string) (string, error) {
-	key := cacheKey(runsc)
+func DetectShim(ctx context.Context, o runtime.Options) (string, error) {
+	key := cacheKey(o.Runsc)
 	cache := filepath.Join(o.StateDir, "shim.detected")
 	if b, err := os.ReadFile(cache); err == nil {
 		if k, shim, ok := strings.Cut(strings.TrimSpace(string(b)), " "); ok && k == key {
@@ -189,7 +201,7 @@ func DetectShim(ctx context.Context, o runtime.Options, runsc string) (string, e
 		}
 	}
 	var errs []error
-	for _, shim := range []string{runtime.ShimRunsc, runtime.ShimRunc} {
+	for _, shim := range ShimPreference {
 		if err := ProbeShim(ctx, o, shim); err != nil {
 			o.Log.Info("shim does not work on this host", "shim", shim, "err", err)
 			errs = append(errs, fmt.Errorf("%s: %w", shim, err))
@@ -222,12 +234,18 @@ func ProbeShim(ctx context.Context, o runtime.Options, shim string) error {
 	return nil
 }
 
+// deadInstance reports whether id names another instance that is no longer
+// running: what it left behind is garbage.
+func (s *Stack) deadInstance(id string) bool {
+	return id != s.Instance.ID && !instance.Alive(s.Config.StateDir, id)
+}
+
 // removeDeadFIFODirs removes the stdio pipe dirs of instances that died.
-func removeDeadFIFODirs(stateDir, self string) {
-	entries, _ := os.ReadDir(filepath.Join(stateDir, "fifo"))
+func (s *Stack) removeDeadFIFODirs() {
+	entries, _ := os.ReadDir(filepath.Join(s.Config.StateDir, "fifo"))
 	for _, e := range entries {
-		if id := e.Name(); id != self && !instance.Alive(stateDir, id) {
-			_ = os.RemoveAll(filepath.Join(stateDir, "fifo", id))
+		if s.deadInstance(e.Name()) {
+			_ = os.RemoveAll(filepath.Join(s.Config.StateDir, "fifo", e.Name()))
 		}
 	}
 }

@@ -39,9 +39,9 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	if err != nil {
 		return nil, fmt.Errorf("network.allow_domains/allow_ports/allow_cidrs: %w", err)
 	}
-	subnet, err := netip.ParsePrefix(nc.Subnet)
+	ncfg, err := NetworkConfig(cfg, s.Instance.ID)
 	if err != nil {
-		return nil, fmt.Errorf("network.subnet: %w", err)
+		return nil, err
 	}
 	hosts := map[string][]netip.Addr{}
 	for _, h := range nc.Hosts {
@@ -71,10 +71,7 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 		ca = append(append(system, '\n'), extra...)
 	}
 
-	nm, err := network.New(network.Config{
-		Bridge: nc.Bridge, Subnet: subnet, ProxyPort: nc.ProxyPort,
-		StateDir: cfg.StateDir, InstanceID: s.Instance.ID,
-	})
+	nm, err := network.New(ncfg)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +90,7 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 			}
 		}
 	})
-	if err := nm.GC(ctx, func(id string) bool { return id == self || instance.Alive(cfg.StateDir, id) }); err != nil {
+	if err := nm.GC(ctx, func(id string) bool { return !s.deadInstance(id) }); err != nil {
 		s.log.Warn("remove network of dead instances", "err", err)
 	}
 
@@ -121,6 +118,18 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	s.closers = append(s.closers, func(context.Context) { _ = proxy.Close() })
 	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "domains", pol.Domains())
 	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca, port: ln.Addr().(*net.TCPAddr).Port}, nil
+}
+
+// NetworkConfig is the sandbox network of cfg for the instance instanceID.
+func NetworkConfig(cfg config.Config, instanceID string) (network.Config, error) {
+	subnet, err := netip.ParsePrefix(cfg.Network.Subnet)
+	if err != nil {
+		return network.Config{}, fmt.Errorf("network.subnet: %w", err)
+	}
+	return network.Config{
+		Bridge: cfg.Network.Bridge, Subnet: subnet, ProxyPort: cfg.Network.ProxyPort,
+		StateDir: cfg.StateDir, InstanceID: instanceID,
+	}, nil
 }
 
 // ErrProxyTaken means every proxy port is held by other airlock instances.

@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/airlock-mcp/airlock/config"
-	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/image"
 )
@@ -137,14 +136,12 @@ func Live(ctx context.Context, cfg config.Config, log *slog.Logger) []Check {
 		return append(out, Check{Name: "image", Detail: err.Error(), Fix: "run `airlock image build` (or `airlock image import FILE --tag " + cfg.Image + "`)"})
 	}
 	out = append(out, Check{Name: "image", OK: true, Detail: cfg.Image})
-	runsc, _ := exec.LookPath(cfg.Runtime.Runsc)
-	o := runtime.Options{
-		Client: stack.Client, Namespace: cfg.Containerd.Namespace, Image: img, Runsc: runsc,
-		RunscFlags: cfg.Runtime.RunscFlags, InstanceID: stack.Instance.ID, StateDir: cfg.StateDir,
-		UID: uint32(cfg.Sandbox.UID), GID: uint32(cfg.Sandbox.GID), Log: quiet,
+	o, err := stack.ManagerOptions(img, quiet)
+	if err != nil {
+		return append(out, Check{Name: "runsc", Detail: err.Error(), Fix: installFix})
 	}
 	var working []string
-	for _, shim := range []string{runtime.ShimRunsc, runtime.ShimRunc} {
+	for _, shim := range boot.ShimPreference {
 		if err := boot.ProbeShim(ctx, o, shim); err != nil {
 			msg := firstLine(err.Error())
 			out = append(out, Check{Name: "shim", OK: true, Detail: shim + " does not start here: " + msg})

@@ -13,17 +13,17 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
-	"github.com/containerd/containerd/v2/defaults"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/flock"
 )
 
-// Snapshotter is the snapshotter images are unpacked for; containers must be
-// created with the same one or containerd unpacks again at first run.
-const Snapshotter = defaults.DefaultSnapshotter
+// Snapshotter is the snapshotter images are unpacked for: the sandboxes'
+// own, or containerd unpacks again at the first run.
+const Snapshotter = runtime.Snapshotter
 
 // LocalPrefix marks references that exist only where they were built:
 // Ensure never tries to pull them.
