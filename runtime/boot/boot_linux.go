@@ -39,6 +39,9 @@ type Stack struct {
 	Egress  *egress.Policy
 	log     *slog.Logger
 	closers []func(context.Context)
+	// lastOut stops what instances share (daemon, firewall, bridge); the
+	// instance runs it when it leaves as the last one alive.
+	lastOut []func(context.Context)
 }
 
 // Need says how much of the stack a command needs.
@@ -70,7 +73,15 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		return s, err
 	}
 	s.Instance = inst
-	s.closers = append(s.closers, func(context.Context) { _ = inst.Close() })
+	s.closers = append(s.closers, func(ctx context.Context) {
+		if err := inst.Leave(ctx, func(ctx context.Context) {
+			for i := len(s.lastOut) - 1; i >= 0; i-- {
+				s.lastOut[i](ctx)
+			}
+		}); err != nil {
+			log.Warn("unregister instance", "err", err)
+		}
+	})
 
 	addr := cfg.Containerd.Address
 	if addr == "" {
@@ -80,9 +91,9 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		}
 		s.Daemon = d
 		addr = d.Address
-		s.closers = append(s.closers, func(ctx context.Context) {
-			if err := d.Release(ctx, inst.ID); err != nil {
-				log.Warn("release embedded containerd", "err", err)
+		s.lastOut = append(s.lastOut, func(ctx context.Context) {
+			if err := d.Stop(ctx); err != nil {
+				log.Warn("stop embedded containerd", "err", err)
 			}
 		})
 	}

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-mcp/airlock/config"
-	"github.com/airlock-mcp/airlock/runtime/instance"
 	"github.com/airlock-mcp/airlock/runtime/network"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
@@ -78,16 +77,13 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	if err := nm.EnsureFirewall(); err != nil {
 		return nil, fmt.Errorf("firewall: %w", err)
 	}
-	self := s.Instance.ID
-	s.closers = append(s.closers, func(context.Context) {
-		// The firewall and bridge are shared: the last instance removes them.
-		if len(instance.Others(cfg.StateDir, self)) == 0 {
-			if err := nm.RemoveFirewall(); err != nil {
-				s.log.Warn("remove firewall", "err", err)
-			}
-			if err := nm.RemoveBridge(); err != nil {
-				s.log.Warn("remove bridge", "err", err)
-			}
+	// The firewall and bridge are shared: the last instance removes them.
+	s.lastOut = append(s.lastOut, func(context.Context) {
+		if err := nm.RemoveFirewall(); err != nil {
+			s.log.Warn("remove firewall", "err", err)
+		}
+		if err := nm.RemoveBridge(); err != nil {
+			s.log.Warn("remove bridge", "err", err)
 		}
 	})
 	if err := nm.GC(ctx, func(id string) bool { return !s.deadInstance(id) }); err != nil {

@@ -2,8 +2,8 @@
 // uses when no containerd.address is configured.
 //
 // One daemon serves every airlock process that shares a state_dir (Claude
-// Desktop starts one airlock per window): the first to arrive starts it, the
-// last live instance to leave stops it. A lock file serialises the decision.
+// Desktop starts one airlock per window): the first to arrive starts it, and
+// the last live instance to leave (instance.Leave) stops it.
 package daemon
 
 import (
@@ -21,7 +21,6 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 
 	"github.com/airlock-mcp/airlock/runtime/flock"
-	"github.com/airlock-mcp/airlock/runtime/instance"
 )
 
 // Options configure the embedded daemon.
@@ -122,18 +121,14 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 }
 
-// Release gives up this process's claim. When no other live instance uses
-// the daemon, it is stopped. self is this process's instance id.
-func (d *Daemon) Release(ctx context.Context, self string) error {
+// Stop stops the daemon. Callers run it when the last instance leaves
+// (instance.Leave); it holds the daemon lock so no Acquire races it.
+func (d *Daemon) Stop(ctx context.Context) error {
 	unlock, err := flock.Lock(ctx, filepath.Join(d.dir, "daemon.lock"))
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if others := instance.Others(d.opts.StateDir, self); len(others) > 0 {
-		d.opts.Log.Debug("embedded containerd still in use", "instances", others)
-		return nil
-	}
 	return d.stop()
 }
 

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/airlock-mcp/airlock/runtime/instance"
@@ -56,18 +58,16 @@ func TestSharedDaemonLifecycle(t *testing.T) {
 		t.Fatalf("second instance started its own daemon (%d, want %d)", db.pid(), pid)
 	}
 
-	if err := da.Release(ctx, a.ID); err != nil {
+	if err := a.Leave(ctx, stopper(t, da)); err != nil {
 		t.Fatal(err)
 	}
-	_ = a.Close()
 	if ping(ctx, db.Address) != nil {
 		t.Fatal("daemon stopped while another instance still uses it")
 	}
 
-	if err := db.Release(ctx, b.ID); err != nil {
+	if err := b.Leave(ctx, stopper(t, db)); err != nil {
 		t.Fatal(err)
 	}
-	_ = b.Close()
 	if processAlive(pid) {
 		t.Fatalf("daemon %d still running after the last instance left", pid)
 	}
@@ -90,11 +90,58 @@ func TestDeadInstanceDoesNotHoldDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := d.pid()
-	if err := d.Release(ctx, self.ID); err != nil {
+	if err := self.Leave(ctx, stopper(t, d)); err != nil {
 		t.Fatal(err)
 	}
 	if processAlive(pid) {
 		t.Fatal("daemon kept alive by a dead instance")
+	}
+}
+
+// stopper is what boot runs when the last instance leaves.
+func stopper(t *testing.T, d *Daemon) func(context.Context) {
+	return func(ctx context.Context) {
+		if err := d.Stop(ctx); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	}
+}
+
+// Instances leaving at the same moment: exactly one sees itself last, so
+// the daemon is stopped, not left running by both thinking the other stays.
+func TestSimultaneousLeaveStopsDaemon(t *testing.T) {
+	needContainerd(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	o := Options{StateDir: dir, Binary: "containerd", Log: slog.Default()}
+	const n = 4
+	insts := make([]*instance.Instance, n)
+	var d *Daemon
+	for i := range insts {
+		var err error
+		if insts[i], err = instance.Register(dir); err != nil {
+			t.Fatal(err)
+		}
+		if d, err = Acquire(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid := d.pid()
+	var stops atomic.Int32
+	var wg sync.WaitGroup
+	for _, inst := range insts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = inst.Leave(ctx, func(ctx context.Context) { stops.Add(1); _ = d.Stop(ctx) })
+		}()
+	}
+	wg.Wait()
+	if got := stops.Load(); got != 1 {
+		t.Errorf("last-out ran %d times, want exactly 1", got)
+	}
+	if processAlive(pid) {
+		t.Errorf("daemon %d still running after every instance left", pid)
 	}
 }
 

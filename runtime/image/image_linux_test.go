@@ -188,15 +188,15 @@ func TestBuildImport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer inst.Close()
 		d, err := daemon.Acquire(context.Background(), daemon.Options{StateDir: stateDir, Binary: "containerd"})
 		if err != nil {
 			if os.Getenv("CI") == "true" {
 				t.Fatalf("embedded containerd: %v", err)
 			}
+			_ = inst.Close()
 			t.Skipf("embedded containerd: %v", err)
 		}
-		defer d.Release(context.Background(), inst.ID)
+		defer inst.Leave(context.Background(), func(ctx context.Context) { _ = d.Stop(ctx) })
 		sock = d.Address
 	}
 	client, err := containerd.New(sock)

@@ -5,6 +5,7 @@
 package instance
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -14,23 +15,35 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-mcp/airlock/runtime/flock"
 )
 
 // Instance is this process's registration. Close it last, after its
 // sandboxes are gone.
 type Instance struct {
-	ID   string
-	path string
-	f    *os.File
+	ID       string
+	stateDir string
+	path     string
+	f        *os.File
 }
 
 func dir(stateDir string) string { return filepath.Join(stateDir, "instances") }
+
+// lockPath serialises arriving and leaving instances, so "am I the last?"
+// has one answer at a time.
+func lockPath(stateDir string) string { return filepath.Join(stateDir, "instances.lock") }
 
 // Register creates and locks a new instance file.
 func Register(stateDir string) (*Instance, error) {
 	if err := os.MkdirAll(dir(stateDir), 0o700); err != nil {
 		return nil, fmt.Errorf("create instances dir: %w", err)
 	}
+	unlock, err := flock.Lock(context.Background(), lockPath(stateDir))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	b := make([]byte, 6)
 	if _, err := rand.Read(b); err != nil {
 		return nil, fmt.Errorf("instance id: %w", err)
@@ -47,7 +60,27 @@ func Register(stateDir string) (*Instance, error) {
 		return nil, fmt.Errorf("lock instance file: %w", err)
 	}
 	_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
-	return &Instance{ID: id, path: p, f: f}, nil
+	return &Instance{ID: id, stateDir: stateDir, path: p, f: f}, nil
+}
+
+// Leave unregisters the instance and, when no other instance is alive, runs
+// last (stopping what the instances shared). Both happen under the lock
+// Register takes: of instances leaving at once exactly the last runs it,
+// and none can arrive in between to find its daemon stopped under it.
+func (i *Instance) Leave(ctx context.Context, last func(context.Context)) error {
+	if i == nil || i.f == nil {
+		return nil
+	}
+	unlock, err := flock.Lock(ctx, lockPath(i.stateDir))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = i.Close()
+	if len(Others(i.stateDir, "")) == 0 && last != nil {
+		last(ctx)
+	}
+	return err
 }
 
 // Close unregisters the instance.
