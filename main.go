@@ -14,11 +14,11 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/viper"
 
 	"github.com/airlock-mcp/airlock/config"
-	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/doctor"
 	"github.com/airlock-mcp/airlock/runtime/image"
@@ -53,7 +53,7 @@ func main() {
 	_ = a.v.BindPFlag("log.level", root.PersistentFlags().Lookup("log-level"))
 	_ = a.v.BindPFlag("state_dir", root.PersistentFlags().Lookup("state-dir"))
 
-	root.AddCommand(a.serveCmd(), a.runCmd(), a.doctorCmd(), a.imageCmd(), a.gcCmd(), &cobra.Command{
+	root.AddCommand(a.serveCmd(), a.runCmd(), a.doctorCmd(), a.imageCmd(), a.gcCmd(), a.approvalsCmd(), a.auditCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print airlock's version",
 		Run:   func(*cobra.Command, []string) { fmt.Println(version) },
@@ -114,10 +114,6 @@ func (a *app) withStack(cmd *cobra.Command, need boot.Need, fn func(context.Cont
 	return fn(ctx, stack)
 }
 
-func (a *app) handlers(s *boot.Stack) *tools.Handlers {
-	return &tools.Handlers{Manager: s.Manager, Limits: a.cfg.Limits, Log: a.log, Egress: s.Egress, DefaultNetwork: a.cfg.Network.Mode}
-}
-
 func (a *app) serveCmd() *cobra.Command {
 	var transport string
 	cmd := &cobra.Command{
@@ -128,9 +124,14 @@ func (a *app) serveCmd() *cobra.Command {
 				return fmt.Errorf("transport %q is not supported yet: use --transport stdio", transport)
 			}
 			return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
-				a.log.Info("serving", "transport", transport, "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID)
-				s := server.New(version, a.handlers(stack))
-				return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, a.log)
+				h, closeHandlers, err := a.handlers(ctx, stack)
+				if err != nil {
+					return err
+				}
+				defer closeHandlers()
+				a.log.Info("serving", "transport", transport, "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
+				s := server.New(version, h)
+				return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), a.log)
 			})
 		},
 	}
@@ -148,13 +149,12 @@ func (a *app) runCmd() *cobra.Command {
 		Short: "Run code once in a sandbox, from a terminal (CODE or - for stdin)",
 		Args:  cobra.RangeArgs(1, 2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var lang runtime.Language
 			var tool, key string
 			switch args[0] {
 			case "python":
-				lang, tool, key = runtime.Python, "run_python", "code"
+				tool, key = "run_python", "code"
 			case "shell":
-				lang, tool, key = runtime.Shell, "run_shell", "command"
+				tool, key = "run_shell", "command"
 			default:
 				return fmt.Errorf("unknown language %q: use python or shell", args[0])
 			}
@@ -183,37 +183,46 @@ func (a *app) runCmd() *cobra.Command {
 				}
 				raw["allow_domains"] = list
 			}
-			ra, err := tools.ParseRunArgs(tool, key, raw, tools.ArgLimits{CodeBytes: a.cfg.Limits.CodeBytes, MaxTimeoutS: a.cfg.Limits.MaxTimeoutS})
-			if err != nil {
-				return err
-			}
-			var res runtime.Result
-			err = a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) (err error) {
-				pol, err := a.handlers(stack).EgressFor(ra)
+			var res *mcp.CallToolResult
+			err := a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
+				h, closeHandlers, err := a.handlers(ctx, stack)
 				if err != nil {
 					return err
 				}
-				res, err = stack.Manager.Run(ctx, runtime.Request{Language: lang, Code: ra.Code, Limits: tools.RuntimeLimits(a.cfg.Limits, ra.Timeout), Egress: pol})
-				return err
+				defer closeHandlers()
+				caller := server.StdioCaller()
+				caller.ID, caller.Transport = "cli:"+strings.TrimPrefix(caller.ID, "stdio:"), "cli"
+				res = h.Call(tools.WithCaller(ctx, caller), tool, raw)
+				return nil
 			})
 			if err != nil {
 				return err
 			}
+			out, ok := res.StructuredContent.(tools.RunOutput)
+			if !ok {
+				// Not run: arguments, approval, audit or infrastructure.
+				for _, c := range res.Content {
+					if tc, ok := c.(mcp.TextContent); ok {
+						fmt.Fprintln(os.Stderr, "airlock:", tc.Text)
+					}
+				}
+				return exitCode(2)
+			}
 			if asJSON {
 				enc := json.NewEncoder(os.Stdout)
 				enc.SetIndent("", "  ")
-				if err := enc.Encode(tools.ToOutput(res)); err != nil {
+				if err := enc.Encode(out); err != nil {
 					return err
 				}
 			} else {
-				fmt.Fprint(os.Stdout, res.Stdout)
-				fmt.Fprint(os.Stderr, res.Stderr)
-				if res.Reason != "" {
-					fmt.Fprintf(os.Stderr, "airlock: %s\n", res.Reason)
+				fmt.Fprint(os.Stdout, out.Stdout)
+				fmt.Fprint(os.Stderr, out.Stderr)
+				if out.Reason != "" {
+					fmt.Fprintf(os.Stderr, "airlock: %s\n", out.Reason)
 				}
 			}
-			if res.ExitCode != 0 {
-				return exitCode(res.ExitCode)
+			if out.ExitCode != 0 {
+				return exitCode(out.ExitCode)
 			}
 			return nil
 		},

@@ -18,22 +18,38 @@ const auditKeep = 3
 // happened. Code is optional because some deployments must not store it;
 // CodeSHA256 still ties the record to the exact code.
 type Record struct {
-	ID         string    `json:"id"`
-	Time       time.Time `json:"time"`
-	Client     string    `json:"client"`
-	Transport  string    `json:"transport"`
-	Tool       string    `json:"tool"`
-	CodeSHA256 string    `json:"code_sha256"`
-	Code       string    `json:"code,omitempty"`
-	// Decision is e.g. "approved", "denied", "expired", "auto".
+	// ID is the call's id; it is the run id when the code ran.
+	ID        string    `json:"id"`
+	Time      time.Time `json:"time"`
+	Client    string    `json:"client"`
+	Transport string    `json:"transport"`
+	Tool      string    `json:"tool"`
+	// Session is the stateful session the call ran in, if any.
+	Session    string `json:"session,omitempty"`
+	CodeSHA256 string `json:"code_sha256"`
+	CodeBytes  int    `json:"code_bytes"`
+	Code       string `json:"code,omitempty"`
+	// Decision is one of the Decision* constants: auto, approved, denied,
+	// expired, cancelled, no_channel, none.
 	Decision string `json:"decision"`
+	// Rule is the policy rule that let the call through or asked a human.
+	Rule     string `json:"rule,omitempty"`
 	Approver string `json:"approver"`
 	// Channel is how the human was asked: "elicitation", "console", "" for none.
-	Channel      string   `json:"channel"`
-	WaitMS       int64    `json:"wait_ms"`
-	Limits       Limits   `json:"limits"`
-	Network      string   `json:"network"`
+	Channel    string `json:"channel"`
+	ApprovalID string `json:"approval_id,omitempty"`
+	WaitMS     int64  `json:"wait_ms"`
+	Limits     Limits `json:"limits"`
+	Network    string `json:"network"`
+	// AllowDomains is the allow-list the run had; Granted the part of it a
+	// human granted beyond the operator's list.
+	AllowDomains []string `json:"allow_domains,omitempty"`
+	Granted      []string `json:"granted_domains,omitempty"`
+	// EgressDenied lists refused destinations as "host:port (reason)".
 	EgressDenied []string `json:"egress_denied"`
+	// Outcome is what became of the call: ran, invalid_arguments, not_approved,
+	// busy, cancelled, infrastructure_error, audit_unavailable.
+	Outcome string `json:"outcome"`
 	// ExitCode is nil when the code did not run (denied, infrastructure
 	// failure), so a denial never reads as exit status 0.
 	ExitCode    *int   `json:"exit_code"`
@@ -42,7 +58,20 @@ type Record struct {
 	StderrBytes int64  `json:"stderr_bytes"`
 	Truncated   bool   `json:"truncated"`
 	LimitHit    string `json:"limit_hit"`
+	// Error is the message the caller got when the call did not run.
+	Error string `json:"error,omitempty"`
 }
+
+// Outcomes of a call, as Record.Outcome names them.
+const (
+	OutcomeRan           = "ran"
+	OutcomeInvalid       = "invalid_arguments"
+	OutcomeNotApproved   = "not_approved"
+	OutcomeBusy          = "busy"
+	OutcomeCancelled     = "cancelled"
+	OutcomeInfra         = "infrastructure_error"
+	OutcomeAuditDisabled = "audit_unavailable"
+)
 
 // Audit is an append-only JSON-lines log with size-based rotation. It is
 // safe for concurrent use.
@@ -52,6 +81,9 @@ type Audit struct {
 	maxBytes int64
 	f        *os.File
 	size     int64
+	// broken is set when a write failed: the next Check reopens the file.
+	broken bool
+	closed bool
 }
 
 // OpenAudit opens (or creates) the log at path. When a write would take the
@@ -65,18 +97,38 @@ func OpenAudit(path string, maxBytes int64) (*Audit, error) {
 	return a, nil
 }
 
-// openLocked opens the current file and learns its size.
-func (a *Audit) openLocked() error {
-	f, err := os.OpenFile(a.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("opening audit log: %w", err)
+// NewAudit returns a log at path that opens on first use: a server whose
+// audit path is not writable yet still starts, refuses to run code, and
+// recovers without a restart once the path is fixed.
+func NewAudit(path string, maxBytes int64) *Audit {
+	return &Audit{path: path, maxBytes: maxBytes}
+}
+
+// Path is where the log is written.
+func (a *Audit) Path() string { return a.path }
+
+// Check reports whether a record can be written now, opening the file if
+// it is not open. Callers run it before starting code, because a record
+// that cannot be written afterwards would leave a run unrecorded.
+func (a *Audit) Check() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return fmt.Errorf("audit log %s: %w", a.path, os.ErrClosed)
 	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("opening audit log: stat %s: %w", a.path, err)
+	if a.f == nil || a.broken {
+		if a.f != nil {
+			_ = a.f.Close()
+			a.f = nil
+		}
+		if err := a.openLocked(); err != nil {
+			return err
+		}
+		a.broken = false
 	}
-	a.f, a.size = f, st.Size()
+	if err := writable(a.f); err != nil {
+		return fmt.Errorf("audit log %s: %w", a.path, err)
+	}
 	return nil
 }
 
@@ -94,8 +146,13 @@ func (a *Audit) Write(rec Record) error {
 
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.f == nil {
+	if a.closed {
 		return fmt.Errorf("audit record %s: %w", rec.ID, os.ErrClosed)
+	}
+	if a.f == nil {
+		if err := a.openLocked(); err != nil {
+			return fmt.Errorf("audit record %s: %w", rec.ID, err)
+		}
 	}
 	if a.maxBytes > 0 && a.size > 0 && a.size+int64(len(line)) > a.maxBytes {
 		if err := a.rotateLocked(); err != nil {
@@ -111,6 +168,7 @@ func (a *Audit) Write(rec Record) error {
 			// Drop the partial line so readers never see half a record.
 			_ = a.f.Truncate(a.size)
 		}
+		a.broken = true
 		return fmt.Errorf("audit record %s: writing %s: %w", rec.ID, a.path, err)
 	}
 	a.size += int64(n)
@@ -151,6 +209,7 @@ func (a *Audit) rotateLocked() error {
 func (a *Audit) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	a.closed = true
 	if a.f == nil {
 		return nil
 	}
@@ -162,5 +221,23 @@ func (a *Audit) Close() error {
 	if err != nil {
 		return fmt.Errorf("closing audit log %s: %w", a.path, err)
 	}
+	return nil
+}
+
+// openLocked opens the current file and learns its size.
+func (a *Audit) openLocked() error {
+	if err := os.MkdirAll(filepath.Dir(a.path), 0o700); err != nil {
+		return fmt.Errorf("opening audit log %s: %w", a.path, err)
+	}
+	f, err := os.OpenFile(a.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("opening audit log: stat %s: %w", a.path, err)
+	}
+	a.f, a.size = f, st.Size()
 	return nil
 }

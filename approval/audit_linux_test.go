@@ -47,6 +47,10 @@ func TestAuditReadOnlyDir(t *testing.T) {
 	if _, err := OpenAudit(filepath.Join(dir, "other.jsonl"), 0); err == nil || !strings.Contains(err.Error(), "opening audit log") || !refused(err) {
 		t.Errorf("OpenAudit in read-only dir err = %v, want a permission or read-only error", err)
 	}
+	// A server starting now is told before it runs anything.
+	if err := NewAudit(path, 0).Check(); err == nil || !refused(err) {
+		t.Errorf("Check of a log on a read-only path = %v, want a permission or read-only error", err)
+	}
 	// The next record needs a rotation, which the directory refuses.
 	err = a.Write(sampleRecord("r2"))
 	if err == nil || !strings.Contains(err.Error(), "rotating audit log") || !refused(err) {

@@ -94,10 +94,20 @@ var (
 	ErrExpired        = errors.New("approval: approval request expired")
 	ErrAlreadyDecided = errors.New("approval: approval request already decided")
 	ErrConsumed       = errors.New("approval: approval already used by a run")
+	// ErrChanged is returned when a call presents an approval that was asked
+	// for different arguments: the human approved something else.
+	ErrChanged = errors.New("approval: the call's arguments differ from what was approved")
 )
 
-// ReasonExpired is the Decision.Reason of a request nobody answered in time.
-const ReasonExpired = "expired"
+// Reasons a decision was not a human's answer.
+const (
+	// ReasonExpired: nobody answered in time.
+	ReasonExpired = "expired"
+	// ReasonCancelled: the caller gave up (cancelled the call, disconnected).
+	ReasonCancelled = "cancelled"
+	// ReasonChanged: a retry presented the approval with other arguments.
+	ReasonChanged = "arguments changed"
+)
 
 // Decision is the outcome of one Pending.
 type Decision struct {
@@ -105,7 +115,8 @@ type Decision struct {
 	Digest   string
 	Approved bool
 	Approver string
-	// Reason is set when the decision was not a human's: ReasonExpired.
+	// Reason is set when the decision was not a human's: ReasonExpired,
+	// ReasonCancelled or ReasonChanged.
 	Reason string
 	At     time.Time
 }
@@ -118,12 +129,31 @@ type Pending struct {
 	Digest  string
 	Created time.Time
 	Expires time.Time
+	// Info is what a channel shows besides the request itself.
+	Info Info
 
 	ledger   *Ledger
 	done     chan struct{} // closed once decision is set
 	decision Decision      // guarded by ledger.mu, set once
 	decided  bool          // guarded by ledger.mu
 	consumed bool          // guarded by ledger.mu
+	claimed  bool          // guarded by ledger.mu
+}
+
+// Info describes a pending request for the channel that shows it; it is not
+// part of the digest.
+type Info struct {
+	// Channel is how the human is asked: ChannelElicitation or ChannelConsole.
+	Channel string
+	// Transport is how the client reached airlock (stdio, http, …).
+	Transport string
+	// Rule is the policy rule that asked for a human.
+	Rule string
+	// Grants are requested domains outside the operator's allow-list that
+	// approving would grant for this call only.
+	Grants []string
+	// Rendered is the code as the human sees it.
+	Rendered Rendered
 }
 
 // Ledger holds the approvals in flight. The zero value is not usable; call
@@ -158,7 +188,13 @@ func newID() string {
 // gets its own Pending, even for identical requests: one approval lets one
 // run through.
 func (l *Ledger) Open(req Request, ttl time.Duration) *Pending {
+	return l.OpenWith(req, ttl, Info{})
+}
+
+// OpenWith is Open with the information a channel shows.
+func (l *Ledger) OpenWith(req Request, ttl time.Duration, info Info) *Pending {
 	req.AllowDomains = slices.Clone(req.AllowDomains) // the caller may reuse its slice
+	info.Grants = slices.Clone(info.Grants)
 	now := l.now()
 	p := &Pending{
 		ID:      newID(),
@@ -166,6 +202,7 @@ func (l *Ledger) Open(req Request, ttl time.Duration) *Pending {
 		Digest:  req.Digest(),
 		Created: now,
 		Expires: now.Add(ttl),
+		Info:    info,
 		ledger:  l,
 		done:    make(chan struct{}),
 	}
@@ -188,10 +225,14 @@ func (l *Ledger) Decide(id string, approve bool, approver string, at time.Time) 
 		return fmt.Errorf("deciding %q: %w", id, ErrUnknown)
 	}
 	if p.decided {
-		if p.decision.Reason == ReasonExpired {
+		switch p.decision.Reason {
+		case ReasonExpired:
 			return fmt.Errorf("deciding %s (expired at %s): %w", id, p.Expires.Format(time.RFC3339), ErrExpired)
+		case "":
+			return fmt.Errorf("deciding %s (decided by %q at %s): %w", id, p.decision.Approver, p.decision.At.Format(time.RFC3339), ErrAlreadyDecided)
+		default:
+			return fmt.Errorf("deciding %s (%s at %s): %w", id, p.decision.Reason, p.decision.At.Format(time.RFC3339), ErrAlreadyDecided)
 		}
-		return fmt.Errorf("deciding %s (decided by %q at %s): %w", id, p.decision.Approver, p.decision.At.Format(time.RFC3339), ErrAlreadyDecided)
 	}
 	if !at.Before(p.Expires) {
 		p.resolveLocked(Decision{Reason: ReasonExpired, At: p.Expires})
@@ -199,6 +240,77 @@ func (l *Ledger) Decide(id string, approve bool, approver string, at time.Time) 
 	}
 	p.resolveLocked(Decision{Approved: approve, Approver: approver, At: at})
 	return nil
+}
+
+// Claim hands the pending request id to the call that presents it back
+// (a multi round-trip retry), once. A request of another client reads as
+// unknown, so one client can neither use nor spoil another's approval. A
+// second claim gets ErrConsumed. A claim whose digest differs from the
+// request's is refused with ErrChanged and denies the request, since the
+// human was shown other arguments.
+func (l *Ledger) Claim(id, client, digest string) (*Pending, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sweepLocked(l.now())
+	p, ok := l.pending[id]
+	if !ok || p.Request.Client != client {
+		return nil, fmt.Errorf("approval %q: %w", id, ErrUnknown)
+	}
+	if p.claimed {
+		if p.decided && p.decision.Reason == ReasonExpired {
+			return nil, fmt.Errorf("approval %s: %w", id, ErrExpired)
+		}
+		return nil, fmt.Errorf("approval %s: %w", id, ErrConsumed)
+	}
+	p.claimed = true
+	if p.Digest != digest {
+		p.resolveLocked(Decision{Reason: ReasonChanged, At: l.now()})
+		return nil, fmt.Errorf("approval %s: %w", id, ErrChanged)
+	}
+	return p, nil
+}
+
+// Abandon denies p as expired unless a call claimed it, and reports
+// whether it did: the one place that decides who records a request whose
+// caller never came back for its answer.
+func (l *Ledger) Abandon(p *Pending) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if p.claimed {
+		return false
+	}
+	p.claimed = true
+	p.resolveLocked(Decision{Reason: ReasonExpired, At: p.Expires})
+	return true
+}
+
+// Refuse denies p for reason (a channel failed), if nobody decided it yet.
+func (l *Ledger) Refuse(p *Pending, reason string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p.resolveLocked(Decision{Reason: reason, At: l.now()})
+}
+
+// Cancel denies p because its caller gave up, if nobody decided it yet, so
+// a console never offers a request whose call is gone.
+func (l *Ledger) Cancel(p *Pending) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p.resolveLocked(Decision{Reason: ReasonCancelled, At: l.now()})
+}
+
+// Get returns the request id whatever its state, or nil when unknown.
+func (l *Ledger) Get(id string) *Pending {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.pending[id]
+}
+
+// Decided returns p's decision and whether there is one yet.
+func (p *Pending) Decided() (Decision, bool) {
+	p.ledger.mu.Lock()
+	defer p.ledger.mu.Unlock()
+	return p.decision, p.decided
 }
 
 // List returns the requests still waiting, oldest first, for one client

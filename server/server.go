@@ -5,9 +5,12 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"os"
+	"os/user"
 
 	"github.com/mark3labs/mcp-go/server"
 
@@ -30,15 +33,32 @@ func New(version string, h *tools.Handlers) *server.MCPServer {
 	return s
 }
 
-// ServeStdio serves s on in/out until in closes or ctx ends.
-func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, logger *slog.Logger) error {
+// ServeStdio serves s on in/out until in closes or ctx ends. Every call is
+// attributed to caller: a stdio server has exactly one client, the process
+// that started it.
+func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, caller tools.Caller, logger *slog.Logger) error {
 	stdio := server.NewStdioServer(s)
 	stdio.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
+	stdio.SetContextFunc(func(ctx context.Context) context.Context { return tools.WithCaller(ctx, caller) })
 	err := stdio.Listen(ctx, in, out)
 	if err == context.Canceled || err == io.EOF {
 		return nil
 	}
 	return err
+}
+
+// StdioCaller names the client of a stdio server: the user who started
+// it, as sudo reports them when it was started through sudo.
+func StdioCaller() tools.Caller {
+	name := os.Getenv("SUDO_USER")
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		} else {
+			name = fmt.Sprintf("uid%d", os.Getuid())
+		}
+	}
+	return tools.Caller{ID: "stdio:" + name, Transport: "stdio"}
 }
 
 // slogWriter sends mcp-go's log.Logger lines to slog (on stderr).

@@ -9,11 +9,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
@@ -53,10 +55,27 @@ type Handlers struct {
 	// offered. DefaultNetwork is the mode of calls that do not ask.
 	Egress         *egress.Policy
 	DefaultNetwork string
+	// Grantable are domains outside Egress an approver may grant to one
+	// call; nil when approval is off or none are configured.
+	Grantable *egress.Policy
+	// Gate decides whether a human must approve a run; nil lets every run
+	// through, as approval mode off does.
+	Gate *approval.Gate
+	// Audit records every call; nil when the audit log is disabled.
+	Audit *approval.Audit
+	// AuditCode puts the code itself in audit records, not only its hash.
+	AuditCode bool
+
+	// server sends elicitation requests; set by Register.
+	server *server.MCPServer
+	// deferred are the records of calls waiting for a client's retry.
+	deferredMu sync.Mutex
+	deferred   map[string]deferredRecord
 }
 
 // Register adds run_python and run_shell to s.
 func (h *Handlers) Register(s *server.MCPServer) {
+	h.server = s
 	s.AddTool(h.tool("run_python", "code", pythonDescription(h.Limits), "Run Python"), h.handler("run_python", "code", runtime.Python))
 	s.AddTool(h.tool("run_shell", "command", shellDescription(h.Limits), "Run shell command"), h.handler("run_shell", "command", runtime.Shell))
 }
@@ -84,8 +103,19 @@ func (h *Handlers) networkDescription() string {
 	if h.Egress == nil {
 		return ""
 	}
-	return fmt.Sprintf("\nNetwork: pass network \"allowlist\" to reach these domains (ports %v) through an HTTP(S) proxy the sandbox is configured for: %s. allow_domains narrows that list. Refused destinations come back in egress_denied.",
-		h.Egress.Ports(), strings.Join(h.Egress.Domains(), ", "))
+	d := fmt.Sprintf("\nNetwork: pass network \"allowlist\" to reach these domains (ports %v) through an HTTP(S) proxy the sandbox is configured for: %s. allow_domains narrows that list. Refused destinations come back in egress_denied.",
+		h.Egress.Ports(), listOrNone(h.Egress.Domains()))
+	if h.Grantable != nil {
+		d += fmt.Sprintf(" A human approver may also grant, for one call, domains matching: %s; to ask, call again with them in allow_domains.", listOrNone(h.Grantable.Domains()))
+	}
+	return d
+}
+
+func (h *Handlers) approvalDescription() string {
+	if h.Gate == nil || h.Gate.Policy.Mode == approval.ModeOff {
+		return ""
+	}
+	return "\nApproval: a human may have to approve the exact code (and its network and limits) before it runs. If they deny it or do not answer in time, the result says \"Not run\" and why; do not retry the same code unchanged without a reason."
 }
 
 func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
@@ -95,7 +125,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 	}[codeKey]
 	opts := []mcp.ToolOption{
 		mcp.WithToolTitle(title),
-		mcp.WithDescription(description + h.networkDescription()),
+		mcp.WithDescription(description + h.networkDescription() + h.approvalDescription()),
 		mcp.WithString(codeKey, mcp.Required(), mcp.Description(codeDesc), mcp.MinLength(1), mcp.MaxLength(h.Limits.CodeBytes)),
 		mcp.WithInteger("timeout_s",
 			mcp.Description(fmt.Sprintf("Wall-clock limit in seconds (default %d, at most %d). The whole sandbox is killed when it is reached.", h.Limits.TimeoutS, h.Limits.MaxTimeoutS)),
@@ -121,59 +151,6 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 		mcp.WithIdempotentHintAnnotation(false),
 		mcp.WithOpenWorldHintAnnotation(h.Egress != nil),
 	)...)
-}
-
-func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.ToolHandlerFunc {
-	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
-		defer func() {
-			// Nothing panics out of a handler: a panic is an infrastructure fault.
-			if p := recover(); p != nil {
-				h.Log.Error("tool handler panicked", "tool", name, "panic", p)
-				res, err = infraResult("internal error"), nil
-			}
-		}()
-		args, err := ParseRunArgs(name, codeKey, req.Params.Arguments, ArgLimits{CodeBytes: h.Limits.CodeBytes, MaxTimeoutS: h.Limits.MaxTimeoutS})
-		if err != nil {
-			return mcp.NewToolResultError(err.Error()), nil
-		}
-		pol, err := h.EgressFor(args)
-		if err != nil {
-			return mcp.NewToolResultError(err.Error()), nil
-		}
-		out, err := h.Manager.Run(ctx, runtime.Request{Language: lang, Code: args.Code, Limits: RuntimeLimits(h.Limits, args.Timeout), Egress: pol})
-		return h.result(name, out, err), nil
-	}
-}
-
-func (h *Handlers) defaultNetwork() string {
-	if h.DefaultNetwork == "" {
-		return config.NetworkNone
-	}
-	return h.DefaultNetwork
-}
-
-// EgressFor returns a call's egress policy: nil for no network, else the
-// operator's list, narrowed by the call's allow_domains.
-func (h *Handlers) EgressFor(a RunArgs) (*egress.Policy, error) {
-	mode := a.Network
-	if mode == "" {
-		mode = h.defaultNetwork()
-	}
-	if mode != config.NetworkAllowlist {
-		return nil, nil
-	}
-	if h.Egress == nil {
-		return nil, argErrorf("this server offers no network: the operator has not set network.allow_domains; run without \"network\"")
-	}
-	if a.AllowDomains == nil {
-		p := *h.Egress
-		return &p, nil
-	}
-	p, err := h.Egress.Narrow(a.AllowDomains)
-	if err != nil {
-		return nil, argErrorf("allow_domains: %v; the operator allows: %s", err, strings.Join(h.Egress.Domains(), ", "))
-	}
-	return &p, nil
 }
 
 // RuntimeLimits turns configured limits (and a call's timeout, 0 for the

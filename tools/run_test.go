@@ -31,7 +31,7 @@ func (m *countingManager) Run(_ context.Context, r runtime.Request) (runtime.Res
 }
 func (m *countingManager) Close(context.Context) error { return nil }
 
-func call(t *testing.T, m *countingManager, tool string, args any) *mcp.CallToolResult {
+func callTool(t *testing.T, m *countingManager, tool string, args any) *mcp.CallToolResult {
 	t.Helper()
 	h := &Handlers{Manager: m, Limits: config.Defaults().Limits, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	key, lang := "code", runtime.Python
@@ -60,7 +60,7 @@ func text(r *mcp.CallToolResult) string {
 func TestBadArgumentsNeverReachRuntime(t *testing.T) {
 	for _, args := range []any{nil, map[string]any{}, map[string]any{"code": ""}, map[string]any{"code": 1.0}, map[string]any{"code": "x", "_meta": 1}} {
 		m := &countingManager{}
-		r := call(t, m, "run_python", args)
+		r := callTool(t, m, "run_python", args)
 		if !r.IsError || m.calls != 0 || r.StructuredContent != nil {
 			t.Errorf("args %v: isError=%v runtime calls=%d structured=%v", args, r.IsError, m.calls, r.StructuredContent)
 		}
@@ -86,7 +86,7 @@ func TestResultMapping(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			m := &countingManager{res: c.res, err: c.err}
-			r := call(t, m, "run_shell", map[string]any{"command": "true", "timeout_s": 5.0})
+			r := callTool(t, m, "run_shell", map[string]any{"command": "true", "timeout_s": 5.0})
 			if r.IsError != c.isError || !strings.Contains(text(r), c.text) {
 				t.Errorf("isError=%v text=%q; want %v containing %q", r.IsError, text(r), c.isError, c.text)
 			}
@@ -158,7 +158,7 @@ func TestNetworkPolicyPerCall(t *testing.T) {
 
 func TestDenialsInResult(t *testing.T) {
 	m := &countingManager{res: runtime.Result{ExitCode: 6, EgressDenied: []egress.Denial{{Host: "evil.com", Port: 443, Reason: egress.ReasonNotAllowed}}}}
-	r := call(t, m, "run_shell", map[string]any{"command": "curl https://evil.com"})
+	r := callTool(t, m, "run_shell", map[string]any{"command": "curl https://evil.com"})
 	out := r.StructuredContent.(RunOutput)
 	if len(out.EgressDenied) != 1 || out.EgressDenied[0] != (DeniedOut{Host: "evil.com", Port: 443, Reason: "not in allow-list"}) {
 		t.Errorf("egress_denied = %+v", out.EgressDenied)
@@ -168,7 +168,7 @@ func TestDenialsInResult(t *testing.T) {
 	}
 	// No denials is an empty list, not null, so the output schema holds.
 	m.res = runtime.Result{}
-	if out := call(t, m, "run_shell", map[string]any{"command": "true"}).StructuredContent.(RunOutput); out.EgressDenied == nil {
+	if out := callTool(t, m, "run_shell", map[string]any{"command": "true"}).StructuredContent.(RunOutput); out.EgressDenied == nil {
 		t.Error("egress_denied is null")
 	}
 }

@@ -124,7 +124,7 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	if err != nil {
 		return s, err
 	}
-	if cfg.Network.Enabled() {
+	if cfg.NetworkOffered() {
 		es, err := s.upNetwork(ctx, cfg)
 		switch {
 		case errors.Is(err, ErrProxyTaken):

@@ -12,7 +12,7 @@ import { promisify } from 'node:util';
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
-import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
+import { CallToolResultSchema, ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 
 const execFileP = promisify(execFile);
 
@@ -38,9 +38,15 @@ const STDERR_KEEP = 512 * 1024;
  * A running airlock server and an SDK client connected to it over stdio.
  */
 export class Server {
-  constructor(label, extraConfig = []) {
+  /**
+   * opts.onElicit(request): when set, the client declares the elicitation
+   * capability and answers the server's elicitation/create with it.
+   * opts.env: extra environment for the server process.
+   */
+  constructor(label, extraConfig = [], opts = {}) {
     this.label = label;
     this.extraConfig = extraConfig;
+    this.opts = opts;
     this.canary = 'canary-' + randomBytes(16).toString('hex');
     this.stderr = '';
     this.runIds = new Set();
@@ -61,7 +67,7 @@ export class Server {
     this.transport = new StdioClientTransport({
       command: AIRLOCK_BIN,
       args: ['serve', '--transport', 'stdio', '--config', this.configPath],
-      env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: this.canary },
+      env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: this.canary, ...(this.opts.env ?? {}) },
       stderr: 'pipe',
     });
     this.transport.stderr.on('data', (chunk) => {
@@ -70,7 +76,11 @@ export class Server {
       this.stderr += s;
       if (this.stderr.length > STDERR_KEEP) this.stderr = this.stderr.slice(-STDERR_KEEP);
     });
-    this.client = new Client({ name: 'airlock-e2e', version: '0.0.0' });
+    const capabilities = this.opts.onElicit ? { elicitation: { form: {} } } : {};
+    this.client = new Client({ name: 'airlock-e2e', version: '0.0.0' }, { capabilities });
+    if (this.opts.onElicit) {
+      this.client.setRequestHandler(ElicitRequestSchema, (req) => this.opts.onElicit(req));
+    }
     try {
       await this.client.connect(this.transport, { timeout: BOOT_TIMEOUT_MS });
     } catch (err) {
@@ -166,8 +176,43 @@ export class Server {
 }
 
 /** Starts a server; extraConfig lines are appended to its config.yaml. */
-export async function startServer(label, extraConfig = []) {
-  return new Server(label, extraConfig).start();
+export async function startServer(label, extraConfig = [], opts = {}) {
+  return new Server(label, extraConfig, opts).start();
+}
+
+/** Runs the airlock CLI; resolves to { code, stdout, stderr }. */
+export function airlockCLI(args, { timeoutMs = 60_000 } = {}) {
+  return new Promise((resolve) => {
+    execFile(AIRLOCK_BIN, args, { timeout: timeoutMs, maxBuffer: 16 << 20 }, (err, stdout, stderr) => {
+      resolve({ code: err ? (err.code ?? 1) : 0, stdout, stderr });
+    });
+  });
+}
+
+/** A TCP port that was free a moment ago, on 127.0.0.1. */
+export async function freePort() {
+  const net = await import('node:net');
+  return new Promise((resolve, reject) => {
+    const srv = net.createServer();
+    srv.once('error', reject);
+    srv.listen(0, '127.0.0.1', () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}
+
+/** Reads a JSON Lines audit log; every line must be a whole record. */
+export async function auditRecords(file) {
+  let text;
+  try {
+    text = await readFile(file, 'utf8');
+  } catch (err) {
+    if (err.code === 'ENOENT') return [];
+    throw err;
+  }
+  if (text && !text.endsWith('\n')) throw new Error(`${file} ends in a partial record`);
+  return text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
 }
 
 /** Finds the instance whose lock file under state_dir/instances holds pid. */

@@ -16,6 +16,16 @@ const NS = 'airlock_e2e_inet';
 const HOST_IP = '10.78.0.1';
 const INET_IP = '10.78.0.2';
 
+const NETWORK_CONFIG = [
+  'network:',
+  '  allow_domains: [allowed.test]',
+  `  hosts: [{name: allowed.test, addrs: ["${INET_IP}"]}, {name: other.test, addrs: ["${INET_IP}"]}]`,
+  '  allow_private: [10.78.0.0/24]',
+  '  bridge: airlocke0',
+  '  subnet: 10.89.251.0/24',
+  '  proxy_port: 3130',
+];
+
 describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
   let srv;
   let web;
@@ -42,15 +52,7 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
         await sleep(100);
       }
     }
-    srv = await startServer('network', [
-      'network:',
-      '  allow_domains: [allowed.test]',
-      `  hosts: [{name: allowed.test, addrs: ["${INET_IP}"]}, {name: other.test, addrs: ["${INET_IP}"]}]`,
-      '  allow_private: [10.78.0.0/24]',
-      '  bridge: airlocke0',
-      '  subnet: 10.89.251.0/24',
-      '  proxy_port: 3130',
-    ]);
+    srv = await startServer('network', NETWORK_CONFIG);
   });
 
   after(async () => {
@@ -93,5 +95,32 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
     assert.equal(r.sc, undefined);
     assert.match(r.text, /evil\.test/);
     assert.match(r.text, /allowed\.test/);
+  });
+
+  test('just-in-time grant: a refused domain, asked for again, is granted by the approver for one call', async () => {
+    const shown = [];
+    const jit = await startServer('network-jit', [
+      ...NETWORK_CONFIG,
+      // Offline and allow-listed runs go through; only a grant asks.
+      'approval: {mode: rules, rules: [{action: approve}], grantable_domains: [other.test], console: {listen: ""}}',
+    ], { onElicit: async (req) => { shown.push(req.params.message); return { action: 'accept', content: { approve: true } }; } });
+    try {
+      const refused = await jit.shell('curl -fsS --max-time 10 http://other.test/hello.txt', { network: 'allowlist' });
+      assert.deepEqual(refused.sc.egress_denied, [{ host: 'other.test', port: 80, reason: 'not in allow-list' }]);
+      assert.equal(shown.length, 0, 'allow-listed runs are auto-approved by the rule');
+
+      const granted = await jit.shell('curl -fsS --max-time 10 http://other.test/hello.txt',
+        { network: 'allowlist', allow_domains: ['allowed.test', 'other.test'] });
+      assert.equal(granted.isError, false, granted.text);
+      assert.equal(granted.sc.stdout, 'hello over mcp\n');
+      assert.equal(shown.length, 1, 'the grant asked the human');
+      assert.match(shown[0], /outside the operator's allow-list, granted for this call only if you approve: other\.test/);
+
+      // The grant was for that call only.
+      const again = await jit.shell('curl -fsS --max-time 10 http://other.test/hello.txt', { network: 'allowlist' });
+      assert.deepEqual(again.sc.egress_denied, [{ host: 'other.test', port: 80, reason: 'not in allow-list' }]);
+    } finally {
+      await jit.close();
+    }
   });
 });

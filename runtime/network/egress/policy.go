@@ -152,6 +152,32 @@ func (p Policy) Narrow(domains []string) (Policy, error) {
 	return out, nil
 }
 
+// Covers reports whether p's list covers the domain pattern d, as Narrow
+// would; an error means d is not a valid pattern.
+func (p Policy) Covers(d string) (bool, error) {
+	q, err := parsePattern(d)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(p.domains, func(op pattern) bool { return op.covers(q) }), nil
+}
+
+// Widen returns a copy of p that also allows the given domain patterns. It
+// exists for one purpose: a human granting a domain to one call. Policies
+// from configuration are built with ParsePolicy and only ever narrowed.
+func (p Policy) Widen(domains []string) (Policy, error) {
+	out := Policy{ports: p.ports, cidrs: p.cidrs, domains: slices.Clone(p.domains)}
+	for _, d := range domains {
+		q, err := parsePattern(d)
+		if err != nil {
+			return Policy{}, fmt.Errorf("widen: %w", err)
+		}
+		out.domains = append(out.domains, q)
+	}
+	out.domains = sortPatterns(out.domains)
+	return out, nil
+}
+
 // Domains returns the policy's patterns in canonical form (lower case, no
 // trailing dot), sorted, for audit records and error messages.
 func (p Policy) Domains() []string {

@@ -1,0 +1,232 @@
+// End-to-end tests of the approval gate and the audit log: the built
+// airlock over stdio, the official TypeScript SDK client declaring
+// elicitation (its user scripted per test), the web console through
+// `airlock approvals`, and `airlock audit tail`. Every run is real.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { promisify } from 'node:util';
+import { after, before, describe, test } from 'node:test';
+
+import { assertNoLeftovers, auditRecords, airlockCLI, freePort, sleep, startServer, waitFor } from './lib.mjs';
+
+const execFileP = promisify(execFile);
+
+/** A scripted user: answers the next elicitations with `next`, keeps what it was shown. */
+function scriptedUser() {
+  const user = {
+    shown: [],
+    next: { action: 'decline' },
+    async onElicit(req) {
+      user.shown.push(req.params.message);
+      const n = user.next;
+      if (n === 'never') return new Promise(() => {}); // the user walked away
+      return n;
+    },
+  };
+  return user;
+}
+
+const APPROVE = { action: 'accept', content: { approve: true } };
+
+describe('approval through elicitation (stdio)', { timeout: 10 * 60_000 }, () => {
+  let srv, dir, auditFile;
+  const user = scriptedUser();
+  const w = (fn) => async (t) => srv.wrap(fn)(t);
+
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_approval_'));
+    auditFile = path.join(dir, 'audit.jsonl');
+    srv = await startServer('approval', [
+      'approval: {mode: always, timeout: 4s, console: {listen: ""}}',
+      `audit: {path: ${JSON.stringify(auditFile)}}`,
+    ], { onElicit: user.onElicit });
+  });
+  after(async () => {
+    await srv?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test('accept runs the code; the user saw exactly it, with its limits', w(async () => {
+    user.next = APPROVE;
+    const before = user.shown.length;
+    const r = await srv.python("print('approved-' + 'run')");
+    assert.equal(r.isError, false, r.text);
+    assert.equal(r.sc.stdout, 'approved-run\n');
+    assert.equal(user.shown.length, before + 1, 'the user was asked once');
+    const msg = user.shown.at(-1);
+    assert.match(msg, /Approve this run_python call\?/);
+    assert.match(msg, /print\('approved-' \+ 'run'\)/);
+    assert.match(msg, /Limits: timeout 30 s, memory 256 MiB/);
+    assert.match(msg, /Network: none/);
+  }));
+
+  test('decline and cancel do not run; no sandbox is made', w(async () => {
+    for (const action of ['decline', 'cancel']) {
+      user.next = { action };
+      const r = await srv.shell('echo should-not-run');
+      assert.equal(r.isError, true, `${action}: ${r.text}`);
+      assert.match(r.text, /^Not run:/, action);
+      assert.equal(r.sc, undefined, `${action}: a denial has no run result`);
+    }
+    user.next = { action: 'accept', content: { approve: false } };
+    const r = await srv.shell('echo should-not-run');
+    assert.equal(r.isError, true, `accept without the box ticked: ${r.text}`);
+    await assertNoLeftovers({ instanceId: srv.instanceId });
+  }));
+
+  test('no answer within approval.timeout denies', w(async () => {
+    user.next = 'never';
+    const t0 = Date.now();
+    const r = await srv.python('print(1)', {}, { timeoutMs: 30_000 });
+    const ms = Date.now() - t0;
+    assert.equal(r.isError, true, r.text);
+    assert.match(r.text, /expired/);
+    assert.ok(ms >= 3500 && ms < 15_000, `denied after ${ms} ms, want about the 4 s timeout`);
+  }));
+
+  test('hidden characters are shown for what they are', w(async () => {
+    user.next = { action: 'decline' };
+    await srv.python("access = 'user' # \u202e } \u2066if admin\u2069 \u2066\nprint('safe')\r__import__('os').system('id')\n");
+    const msg = user.shown.at(-1);
+    assert.match(msg, /⟦U\+202E RIGHT-TO-LEFT OVERRIDE⟧/);
+    assert.match(msg, /print\('safe'\)⟦CR⟧__import__\('os'\)\.system\('id'\)/);
+    assert.match(msg, /bidi control characters/);
+    assert.match(msg, /carriage return without newline/);
+    assert.ok(!/[\u202e\u2066\u2069\r]/.test(msg), 'the raw characters are not in the message');
+  }));
+
+  test('every call leaves exactly one well-formed audit record', w(async () => {
+    const before = (await auditRecords(auditFile)).length;
+    user.next = APPROVE;
+    await srv.python('import sys; sys.exit(3)'); // approved, fails
+    user.next = { action: 'decline' };
+    await srv.python('print(2)'); // denied
+    await srv.python(''); // invalid: never asks
+    await srv.call('run_python', { code: 'x', approved: true }); // invalid: unknown argument
+    const recs = (await auditRecords(auditFile)).slice(before);
+    assert.equal(recs.length, 4, JSON.stringify(recs, null, 1));
+    const [failed, denied, empty, approvedArg] = recs;
+    assert.equal(failed.decision, 'approved');
+    assert.equal(failed.outcome, 'ran');
+    assert.equal(failed.exit_code, 3);
+    assert.equal(failed.channel, 'elicitation');
+    assert.match(failed.approver, /^elicitation:stdio:/);
+    assert.equal(failed.client, denied.client);
+    assert.equal(failed.code, 'import sys; sys.exit(3)');
+    assert.match(failed.code_sha256, /^[0-9a-f]{64}$/);
+    assert.equal(denied.decision, 'denied');
+    assert.equal(denied.exit_code, null);
+    assert.equal(empty.outcome, 'invalid_arguments');
+    assert.equal(approvedArg.outcome, 'invalid_arguments');
+    assert.match(approvedArg.error, /unknown argument "approved"/);
+    for (const r of recs) {
+      assert.equal(r.transport, 'stdio');
+      assert.ok(r.id && r.time && r.tool === 'run_python', JSON.stringify(r));
+    }
+  }));
+});
+
+describe('audit log that cannot be written', { timeout: 5 * 60_000 }, () => {
+  let srv, dir;
+  before(async () => {
+    // A read-only bind mount: root ignores permissions, not a read-only mount.
+    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_roaudit_'));
+    await execFileP('mount', ['--bind', dir, dir]);
+    await execFileP('mount', ['-o', 'remount,bind,ro', dir]);
+    srv = await startServer('ro-audit', [`audit: {path: ${JSON.stringify(path.join(dir, 'audit.jsonl'))}}`]);
+  });
+  after(async () => {
+    await srv?.close();
+    await execFileP('umount', [dir]).catch(() => {});
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  test('calls fail clearly instead of running unrecorded', async () => {
+    const r = await srv.shell('echo ran > /dev/null; echo unrecorded');
+    assert.equal(r.isError, true, r.text);
+    assert.match(r.text, /audit log cannot be written/);
+    assert.match(r.text, /audit\.path/);
+    assert.equal(r.sc, undefined, 'nothing ran');
+    await assertNoLeftovers({ instanceId: srv.instanceId });
+  });
+});
+
+describe('approval through the console and `airlock approvals`', { timeout: 10 * 60_000 }, () => {
+  let srv, dir, cfg, auditFile;
+  before(async () => {
+    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_console_'));
+    auditFile = path.join(dir, 'audit.jsonl');
+    const port = await freePort();
+    const lines = [
+      `approval: {mode: always, timeout: 60s, console: {listen: "127.0.0.1:${port}", token_file: ${JSON.stringify(path.join(dir, 'tokens'))}}}`,
+      `audit: {path: ${JSON.stringify(auditFile)}}`,
+    ];
+    // The CLI reads the same settings the server does.
+    cfg = path.join(dir, 'cli.yaml');
+    await writeFile(cfg, lines.join('\n') + '\n');
+    srv = await startServer('console', lines); // no elicitation: the console is the channel
+  });
+  after(async () => {
+    await srv?.close();
+    await rm(dir, { recursive: true, force: true });
+  });
+
+  const pendingIds = async () => {
+    const r = await airlockCLI(['approvals', 'list', '--config', cfg]);
+    return [...r.stdout.matchAll(/^=== ([0-9a-f]{32})$/gm)].map((m) => m[1]);
+  };
+
+  test('approve with the CLI: the call runs and returns its output', async () => {
+    const call = srv.python("print('via-' + 'console')", {}, { timeoutMs: 90_000 });
+    const ids = await waitFor(async () => { const l = await pendingIds(); return l.length ? l : null; }, 20_000);
+    assert.ok(ids?.length === 1, 'one request waiting on the console');
+    const list = await airlockCLI(['approvals', 'list', '--config', cfg]);
+    assert.match(list.stdout, /print\('via-' \+ 'console'\)/);
+    assert.match(list.stdout, /Client: stdio:/);
+    const ok = await airlockCLI(['approvals', 'approve', ids[0], '--config', cfg]);
+    assert.equal(ok.code, 0, ok.stderr);
+    const r = await call;
+    assert.equal(r.isError, false, r.text);
+    assert.equal(r.sc.stdout, 'via-console\n');
+    // A second decision is refused.
+    const again = await airlockCLI(['approvals', 'approve', ids[0], '--config', cfg]);
+    assert.notEqual(again.code, 0);
+    assert.match(again.stderr, /already decided/);
+  });
+
+  test('deny with the CLI; the audit log tells the story', async () => {
+    const call = srv.shell('echo denied-by-console', {}, { timeoutMs: 90_000 });
+    const ids = await waitFor(async () => { const l = await pendingIds(); return l.length ? l : null; }, 20_000);
+    const no = await airlockCLI(['approvals', 'deny', ids[0], '--config', cfg]);
+    assert.equal(no.code, 0, no.stderr);
+    const r = await call;
+    assert.equal(r.isError, true);
+    assert.match(r.text, /denied the request/);
+    const tail = await airlockCLI(['audit', 'tail', '-n', '2', '--config', cfg]);
+    assert.equal(tail.code, 0, tail.stderr);
+    const lines = tail.stdout.trim().split('\n');
+    assert.equal(lines.length, 2, tail.stdout);
+    assert.match(lines[0], /run_python .*decision=approved by=console:approver via=console .*outcome=ran exit=0/);
+    assert.match(lines[1], /run_shell .*decision=denied by=console:approver via=console .*outcome=not_approved/);
+  });
+
+  test('wrong token is refused', async () => {
+    const bad = path.join(dir, 'bad-tokens');
+    await writeFile(bad, 'mallory:not-the-right-token-at-all\n');
+    const r = await airlockCLI(['approvals', 'list', '--config', cfg, '--token-file', bad]);
+    assert.notEqual(r.code, 0);
+    assert.match(r.stderr, /HTTP 401/);
+  });
+
+  test('the run is not started while it waits', async () => {
+    const call = srv.shell('echo slow-approval', {}, { timeoutMs: 90_000 });
+    const ids = await waitFor(async () => { const l = await pendingIds(); return l.length ? l : null; }, 20_000);
+    await sleep(500);
+    await assertNoLeftovers({ instanceId: srv.instanceId });
+    await airlockCLI(['approvals', 'deny', ids[0], '--config', cfg]);
+    await call;
+  });
+});
