@@ -53,7 +53,7 @@ func main() {
 	_ = a.v.BindPFlag("log.level", root.PersistentFlags().Lookup("log-level"))
 	_ = a.v.BindPFlag("state_dir", root.PersistentFlags().Lookup("state-dir"))
 
-	root.AddCommand(a.serveCmd(), a.runCmd(), a.doctorCmd(), a.imageCmd(), a.gcCmd(), a.approvalsCmd(), a.auditCmd(), &cobra.Command{
+	root.AddCommand(a.serveCmd(), a.runCmd(), a.doctorCmd(), a.imageCmd(), a.gcCmd(), a.approvalsCmd(), a.auditCmd(), a.connectCmd(), a.tokenCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print airlock's version",
 		Run:   func(*cobra.Command, []string) { fmt.Println(version) },
@@ -112,31 +112,6 @@ func (a *app) withStack(cmd *cobra.Command, need boot.Need, fn func(context.Cont
 	}
 	defer stack.Close(context.WithoutCancel(ctx))
 	return fn(ctx, stack)
-}
-
-func (a *app) serveCmd() *cobra.Command {
-	var transport string
-	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Serve the MCP tools (stdio: for Claude Desktop and IDEs)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if transport != "stdio" {
-				return fmt.Errorf("transport %q is not supported yet: use --transport stdio", transport)
-			}
-			return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
-				h, closeHandlers, err := a.handlers(ctx, stack)
-				if err != nil {
-					return err
-				}
-				defer closeHandlers()
-				a.log.Info("serving", "transport", transport, "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
-				s := server.New(version, h)
-				return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), a.log)
-			})
-		},
-	}
-	cmd.Flags().StringVar(&transport, "transport", "stdio", "MCP transport: stdio")
-	return cmd
 }
 
 func (a *app) runCmd() *cobra.Command {

@@ -48,7 +48,7 @@ type Record struct {
 	// EgressDenied lists refused destinations as "host:port (reason)".
 	EgressDenied []string `json:"egress_denied"`
 	// Outcome is what became of the call: ran, invalid_arguments, not_approved,
-	// busy, cancelled, infrastructure_error, audit_unavailable.
+	// busy, client_limit, cancelled, infrastructure_error, audit_unavailable.
 	Outcome string `json:"outcome"`
 	// ExitCode is nil when the code did not run (denied, infrastructure
 	// failure), so a denial never reads as exit status 0.
@@ -68,6 +68,7 @@ const (
 	OutcomeInvalid       = "invalid_arguments"
 	OutcomeNotApproved   = "not_approved"
 	OutcomeBusy          = "busy"
+	OutcomeClientLimit   = "client_limit"
 	OutcomeCancelled     = "cancelled"
 	OutcomeInfra         = "infrastructure_error"
 	OutcomeAuditDisabled = "audit_unavailable"

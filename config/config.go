@@ -37,6 +37,49 @@ type Config struct {
 	Network    NetworkConfig    `mapstructure:"network"`
 	Approval   ApprovalConfig   `mapstructure:"approval"`
 	Audit      AuditConfig      `mapstructure:"audit"`
+	Server     ServerConfig     `mapstructure:"server"`
+	TLS        TLSConfig        `mapstructure:"tls"`
+	Auth       AuthConfig       `mapstructure:"auth"`
+}
+
+// ServerConfig is how airlock serves MCP over the network and to local
+// unprivileged clients.
+type ServerConfig struct {
+	// Listen is the TCP address of the HTTP transports; empty: none.
+	Listen string `mapstructure:"listen"`
+	// Socket is the Unix socket `airlock connect` relays to; empty: none.
+	Socket string `mapstructure:"socket"`
+	// SocketGroup may use the socket (mode 0660); root always may.
+	SocketGroup string `mapstructure:"socket_group"`
+	// ShutdownGrace is how long runs may finish after SIGTERM.
+	ShutdownGrace time.Duration `mapstructure:"shutdown_grace"`
+	// AllowedOrigins are browser origins allowed besides the server's own.
+	AllowedOrigins []string `mapstructure:"allowed_origins"`
+	// ProgressInterval is the least time between two progress notifications
+	// of one run.
+	ProgressInterval time.Duration `mapstructure:"progress_interval"`
+}
+
+// TLSConfig serves the HTTP transports over TLS when both are set.
+type TLSConfig struct {
+	Cert string `mapstructure:"cert"`
+	Key  string `mapstructure:"key"`
+}
+
+// AuthConfig is bearer-token authentication of the HTTP transports.
+type AuthConfig struct {
+	// Tokens are named SHA-256 hashes of bearer tokens.
+	Tokens []TokenConfig `mapstructure:"tokens"`
+	// TokenFile holds more, one "name:sha256:HEX" per line; re-read when it changes.
+	TokenFile string `mapstructure:"token_file"`
+	// AllowUnauthenticated lets a non-loopback listener run without tokens.
+	AllowUnauthenticated bool `mapstructure:"allow_unauthenticated"`
+}
+
+// TokenConfig is one client's token, stored as its hash.
+type TokenConfig struct {
+	Name   string `mapstructure:"name"`
+	SHA256 string `mapstructure:"sha256"`
 }
 
 // ApprovalConfig says when a human must approve a run and how they are asked.
@@ -147,6 +190,13 @@ type Limits struct {
 	WorkspaceMB int     `mapstructure:"workspace_mb"`
 	TmpMB       int     `mapstructure:"tmp_mb"`
 	Concurrency int     `mapstructure:"concurrency"`
+	// Queue is how many calls may wait for a sandbox when all are busy, each
+	// for at most QueueWaitS; past that a call is answered "busy" at once.
+	Queue      int `mapstructure:"queue"`
+	QueueWaitS int `mapstructure:"queue_wait_s"`
+	// PerClientConcurrency and PerClientRunsPerMinute bound one client.
+	PerClientConcurrency   int `mapstructure:"per_client_concurrency"`
+	PerClientRunsPerMinute int `mapstructure:"per_client_runs_per_minute"`
 }
 
 // SandboxConfig is what the code inside a sandbox sees.
@@ -178,6 +228,11 @@ func Defaults() Config {
 			WorkspaceMB: 64,
 			TmpMB:       64,
 			Concurrency: 4,
+			Queue:       16,
+			QueueWaitS:  30,
+
+			PerClientConcurrency:   4,
+			PerClientRunsPerMinute: 120,
 		},
 		Sandbox: SandboxConfig{UID: 1000, GID: 1000, Env: map[string]string{}},
 		Network: NetworkConfig{
@@ -193,6 +248,14 @@ func Defaults() Config {
 			Console: ConsoleConfig{Listen: "127.0.0.1:8766"},
 		},
 		Audit: AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
+		Server: ServerConfig{
+			Listen:           "127.0.0.1:8765",
+			Socket:           "/run/airlock/airlock.sock",
+			SocketGroup:      "airlock",
+			ShutdownGrace:    30 * time.Second,
+			AllowedOrigins:   []string{},
+			ProgressInterval: 250 * time.Millisecond,
+		},
 	}
 }
 
@@ -221,6 +284,10 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("limits.workspace_mb", d.Limits.WorkspaceMB)
 	v.SetDefault("limits.tmp_mb", d.Limits.TmpMB)
 	v.SetDefault("limits.concurrency", d.Limits.Concurrency)
+	v.SetDefault("limits.queue", d.Limits.Queue)
+	v.SetDefault("limits.queue_wait_s", d.Limits.QueueWaitS)
+	v.SetDefault("limits.per_client_concurrency", d.Limits.PerClientConcurrency)
+	v.SetDefault("limits.per_client_runs_per_minute", d.Limits.PerClientRunsPerMinute)
 	v.SetDefault("sandbox.uid", d.Sandbox.UID)
 	v.SetDefault("sandbox.gid", d.Sandbox.GID)
 	v.SetDefault("sandbox.env", d.Sandbox.Env)
@@ -244,6 +311,17 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("audit.path", d.Audit.Path)
 	v.SetDefault("audit.include_code", d.Audit.IncludeCode)
 	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
+	v.SetDefault("server.listen", d.Server.Listen)
+	v.SetDefault("server.socket", d.Server.Socket)
+	v.SetDefault("server.socket_group", d.Server.SocketGroup)
+	v.SetDefault("server.shutdown_grace", d.Server.ShutdownGrace)
+	v.SetDefault("server.allowed_origins", d.Server.AllowedOrigins)
+	v.SetDefault("server.progress_interval", d.Server.ProgressInterval)
+	v.SetDefault("tls.cert", d.TLS.Cert)
+	v.SetDefault("tls.key", d.TLS.Key)
+	v.SetDefault("auth.tokens", d.Auth.Tokens)
+	v.SetDefault("auth.token_file", d.Auth.TokenFile)
+	v.SetDefault("auth.allow_unauthenticated", d.Auth.AllowUnauthenticated)
 }
 
 // Load reads the configuration. path may be empty: then ./config.yaml and
@@ -302,6 +380,12 @@ func (c Config) Validate() error {
 		{l.CodeBytes >= 1, "limits.code_bytes must be at least 1"},
 		{l.WorkspaceMB >= 1 && l.TmpMB >= 1, "limits.workspace_mb and limits.tmp_mb must be at least 1"},
 		{l.Concurrency >= 1, "limits.concurrency must be at least 1"},
+		{l.Queue >= 0 && l.QueueWaitS >= 0, "limits.queue and limits.queue_wait_s must not be negative"},
+		{l.PerClientConcurrency >= 1, "limits.per_client_concurrency must be at least 1"},
+		{l.PerClientRunsPerMinute >= 1, "limits.per_client_runs_per_minute must be at least 1"},
+		{c.Server.ShutdownGrace >= 0, "server.shutdown_grace must not be negative (write it with a unit: 30s)"},
+		{c.Server.ProgressInterval >= 10*time.Millisecond, "server.progress_interval must be at least 10ms (write it with a unit: 250ms)"},
+		{(c.TLS.Cert == "") == (c.TLS.Key == ""), "tls.cert and tls.key must be set together"},
 		{c.Network.Mode == NetworkNone || c.Network.Mode == NetworkAllowlist,
 			fmt.Sprintf("network.mode must be %q or %q", NetworkNone, NetworkAllowlist)},
 		{c.Network.Mode == NetworkNone || c.Network.Enabled(),
@@ -317,6 +401,11 @@ func (c Config) Validate() error {
 	for _, ch := range checks {
 		if !ch.ok {
 			return fmt.Errorf("invalid config: %s", ch.msg)
+		}
+	}
+	for i, t := range c.Auth.Tokens {
+		if t.Name == "" || !isSHA256Hex(t.SHA256) {
+			return fmt.Errorf("invalid config: auth.tokens[%d] needs a name and sha256 (64 hex digits); `airlock token add NAME` prints both", i)
 		}
 	}
 	if _, err := approval.ParsePolicy(c.Approval.Mode, c.Approval.Rules); err != nil {
@@ -338,12 +427,35 @@ func (c Config) ContainerdSocket() string {
 	return c.StateDir + "/containerd/containerd.sock"
 }
 
+func isSHA256Hex(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for _, r := range s {
+		if !strings.ContainsRune("0123456789abcdef", r) {
+			return false
+		}
+	}
+	return true
+}
+
+// QueueWait is how long a call may wait for a sandbox slot.
+func (l Limits) QueueWait() time.Duration { return time.Duration(l.QueueWaitS) * time.Second }
+
 // AuditPath is where the audit log is written.
 func (c Config) AuditPath() string {
 	if c.Audit.Path != "" {
 		return c.Audit.Path
 	}
 	return c.StateDir + "/audit.jsonl"
+}
+
+// ClientTokenFile is where the HTTP transports' bearer tokens are read from.
+func (c Config) ClientTokenFile() string {
+	if c.Auth.TokenFile != "" {
+		return c.Auth.TokenFile
+	}
+	return c.StateDir + "/client.tokens"
 }
 
 // ConsoleTokenFile is where the approval console's tokens are read from.

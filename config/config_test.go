@@ -26,7 +26,9 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	d := Defaults()
 	if c.Limits != d.Limits || c.StateDir != d.StateDir || c.Image != d.Image || c.Runtime.Shim != d.Runtime.Shim ||
 		c.Containerd != d.Containerd || c.Sandbox.UID != d.Sandbox.UID || c.Log != d.Log ||
-		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || c.Approval.Console != d.Approval.Console || c.Audit != d.Audit {
+		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || c.Approval.Console != d.Approval.Console || c.Audit != d.Audit ||
+		c.Server.Listen != d.Server.Listen || c.Server.Socket != d.Server.Socket || c.Server.ShutdownGrace != d.Server.ShutdownGrace ||
+		c.Server.ProgressInterval != d.Server.ProgressInterval || c.TLS != d.TLS || c.Auth.TokenFile != d.Auth.TokenFile || c.Auth.AllowUnauthenticated {
 		t.Errorf("config.yaml = %+v\ndefaults    = %+v", c, d)
 	}
 }
@@ -104,5 +106,16 @@ func TestApprovalFromFile(t *testing.T) {
 	}
 	if !c.NetworkOffered() {
 		t.Error("grantable domains must make a network available")
+	}
+}
+
+// The hosted example must load as it is shipped.
+func TestHostedExampleLoads(t *testing.T) {
+	c, err := Load(viper.New(), filepath.Join("..", "examples", "config.hosted.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Server.Listen != "0.0.0.0:8765" || c.Limits.Concurrency != 8 || c.Approval.Mode != "rules" {
+		t.Errorf("hosted example = %+v", c)
 	}
 }

@@ -55,8 +55,12 @@ type Options struct {
 	StateDir   string
 	UID, GID   uint32
 	Env        map[string]string
-	// Concurrency is how many sandboxes may run at once; past it Run returns ErrBusy.
+	// Concurrency is how many sandboxes may run at once. Past it up to Queue
+	// runs wait for a slot, each for at most QueueWait; past that Run returns
+	// ErrBusy at once.
 	Concurrency int
+	Queue       int
+	QueueWait   time.Duration
 	Log         *slog.Logger
 	// Network and Proxy serve runs with an egress policy; both nil when
 	// networked runs are not offered.
@@ -73,7 +77,7 @@ type ContainerdManager struct {
 	o           Options
 	runtimeOpts any
 	netOpts     any // runtime options of networked runs
-	sem         chan struct{}
+	admission   *Admission
 	oomMu       sync.Mutex
 	oom         map[string]bool
 	stopEvents  context.CancelFunc
@@ -92,10 +96,10 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 		o.Log = slog.Default()
 	}
 	m := &ContainerdManager{
-		o:       o,
-		sem:     make(chan struct{}, o.Concurrency),
-		oom:     map[string]bool{},
-		fifoDir: FIFODir(o.StateDir, o.InstanceID),
+		o:         o,
+		admission: NewAdmission(o.Concurrency, o.Queue, o.QueueWait),
+		oom:       map[string]bool{},
+		fifoDir:   FIFODir(o.StateDir, o.InstanceID),
 	}
 	if err := os.MkdirAll(m.fifoDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create fifo dir: %w", err)
@@ -218,12 +222,11 @@ func NewRunID() string {
 
 // Run implements Manager.
 func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, err error) {
-	select {
-	case m.sem <- struct{}{}:
-		defer func() { <-m.sem }()
-	default:
-		return Result{}, ErrBusy
+	release, err := m.admission.Acquire(ctx)
+	if err != nil {
+		return Result{RunID: req.RunID}, err
 	}
+	defer release()
 	if req.RunID == "" {
 		req.RunID = NewRunID()
 	}
@@ -310,8 +313,8 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, e
 		return res, infra("place code in sandbox", err)
 	}
 
-	stdout := newCappedBuffer(req.Limits.StdoutBytes)
-	stderr := newCappedBuffer(req.Limits.StderrBytes)
+	stdout := newCappedBuffer(req.Limits.StdoutBytes, tap(req.Output, Stdout))
+	stderr := newCappedBuffer(req.Limits.StderrBytes, tap(req.Output, Stderr))
 	// No stdin: the code reads EOF, as it would from /dev/null.
 	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(m.fifoDir)))
 	if err != nil {
@@ -470,6 +473,9 @@ func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Lang
 	}
 	return nil
 }
+
+// Admission is the manager's concurrency limit, for metrics and tests.
+func (m *ContainerdManager) Admission() *Admission { return m.admission }
 
 // Close implements Manager: it removes every sandbox of this instance.
 func (m *ContainerdManager) Close(ctx context.Context) error {

@@ -17,23 +17,37 @@ type cappedBuffer struct {
 	buf       bytes.Buffer
 	max       int
 	truncated bool
+	tap       func([]byte)
 }
 
-func newCappedBuffer(max int) *cappedBuffer { return &cappedBuffer{max: max} }
+// newCappedBuffer keeps max bytes; tap, when set, also sees each kept chunk
+// as it arrives (for streaming progress). tap must not block.
+func newCappedBuffer(max int, tap func([]byte)) *cappedBuffer {
+	return &cappedBuffer{max: max, tap: tap}
+}
+
+// tap adapts a request's output callback to one stream.
+func tap(out func(Stream, []byte), s Stream) func([]byte) {
+	if out == nil {
+		return nil
+	}
+	return func(p []byte) { out(s, p) }
+}
 
 // Write implements io.Writer; it reports len(p) so io.Copy keeps draining.
 func (c *cappedBuffer) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	room := c.max - c.buf.Len()
-	if room >= len(p) {
-		c.buf.Write(p)
-		return len(p), nil
+	kept := p
+	if room < len(p) {
+		kept = p[:max(room, 0)]
+		c.truncated = true
 	}
-	if room > 0 {
-		c.buf.Write(p[:room])
+	c.buf.Write(kept)
+	if c.tap != nil && len(kept) > 0 {
+		c.tap(kept)
 	}
-	c.truncated = true
 	return len(p), nil
 }
 

@@ -20,7 +20,7 @@ func TestCappedBuffer(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b := newCappedBuffer(c.max)
+			b := newCappedBuffer(c.max, nil)
 			for _, w := range c.writes {
 				n, err := b.Write([]byte(w))
 				if n != len(w) || err != nil {
@@ -36,7 +36,7 @@ func TestCappedBuffer(t *testing.T) {
 }
 
 func TestCappedBufferBoundsMemory(t *testing.T) {
-	b := newCappedBuffer(1024)
+	b := newCappedBuffer(1024, nil)
 	chunk := []byte(strings.Repeat("x", 64<<10))
 	for i := 0; i < 256; i++ { // 16 MiB written
 		_, _ = b.Write(chunk)
@@ -69,5 +69,16 @@ func TestArgs(t *testing.T) {
 	}
 	if _, err := Args("ruby"); err == nil {
 		t.Error("unknown language accepted")
+	}
+}
+
+func TestCappedBufferTapSeesOnlyKept(t *testing.T) {
+	var seen []byte
+	b := newCappedBuffer(5, func(p []byte) { seen = append(seen, p...) })
+	_, _ = b.Write([]byte("abc"))
+	_, _ = b.Write([]byte("defgh"))
+	_, _ = b.Write([]byte("ij"))
+	if string(seen) != "abcde" {
+		t.Errorf("tap saw %q, want the 5 kept bytes", seen)
 	}
 }

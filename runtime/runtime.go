@@ -43,7 +43,20 @@ type Request struct {
 	// Egress, when set, gives the run a network that reaches only the
 	// policy's names through the egress proxy. Nil: loopback only.
 	Egress *egress.Policy
+	// Output, when set, is called with each chunk of output as it arrives,
+	// within the caps. It runs on the output copier and must not block; the
+	// slice is valid only during the call.
+	Output func(Stream, []byte)
 }
+
+// Stream names an output stream of a run.
+type Stream string
+
+// The two output streams.
+const (
+	Stdout Stream = "stdout"
+	Stderr Stream = "stderr"
+)
 
 // Reasons a run did not end with a normal exit.
 const (

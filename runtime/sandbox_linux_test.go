@@ -60,6 +60,9 @@ func testConfig() config.Config {
 		cfg.StateDir = d
 	}
 	cfg.Log.Level = "warn"
+	// No wait queue: TestConcurrencyLimit wants the busy answer at once
+	// (the queue itself is tested in admission_test.go and end to end).
+	cfg.Limits.Queue = 0
 	return cfg
 }
 

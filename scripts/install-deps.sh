@@ -85,4 +85,12 @@ else
   echo "$GVISOR_VERSION" >"$STAMP_DIR/gvisor"
 fi
 
+# 4. The group whose members may use the daemon's socket (server.socket_group).
+if getent group airlock >/dev/null; then
+  log "group airlock present"
+else
+  log "groupadd --system airlock"
+  groupadd --system airlock
+fi
+
 log "ok"

@@ -28,6 +28,7 @@ func New(version string, h *tools.Handlers) *server.MCPServer {
 		server.WithToolCapabilities(false),
 		server.WithInstructions(Instructions),
 		server.WithRecovery(),
+		server.WithLogging(),
 	)
 	h.Register(s)
 	return s

@@ -31,6 +31,15 @@ type call struct {
 func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.ToolHandlerFunc {
 	return func(ctx context.Context, req mcp.CallToolRequest) (res *mcp.CallToolResult, err error) {
 		c := h.newCall(ctx, name)
+		// The call ends when the client cancels it, its connection or
+		// session goes, cancel_run names it, or the server shuts down.
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		defer bindLifetime(ctx, cancel)()
+		if !h.runs.begin(c.rec.ID, name, c.caller.ID, cancel) {
+			return c.fail(approval.OutcomeCancelled, mcp.NewToolResultError("Not run: the server is shutting down; retry in a moment.")), nil
+		}
+		defer func() { h.runs.end(c.rec.ID, c.rec.ExitCode, c.rec.Outcome) }()
 		defer func() {
 			// Nothing panics out of a handler: a panic is an infrastructure fault.
 			if p := recover(); p != nil {
@@ -111,7 +120,24 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 				"Not run: the audit log cannot be written (%v), and airlock runs no code it cannot record. The operator should fix audit.path (or its filesystem) on the server; no restart is needed.", err)))
 		}
 	}
-	out, err := h.Manager.Run(ctx, runtime.Request{RunID: c.rec.ID, Language: lang, Code: args.Code, Limits: limits, Egress: pol})
+	if h.Quotas != nil {
+		release, err := h.Quotas.Take(c.caller.ID)
+		if err != nil {
+			return c.fail(approval.OutcomeClientLimit, mcp.NewToolResultError("Not run: "+err.Error()))
+		}
+		defer release()
+	}
+	h.runs.setState(c.rec.ID, StateRunning)
+	rreq := runtime.Request{RunID: c.rec.ID, Language: lang, Code: args.Code, Limits: limits, Egress: pol}
+	prog := newProgress(ctx, h.server, req, c.rec.ID, h.progressInterval())
+	if prog != nil {
+		rreq.Output = prog.Output
+	}
+	out, err := h.Manager.Run(ctx, rreq)
+	prog.Close()
+	if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
+	}
 	res := h.result(c.tool, out, err)
 	c.noteRun(out, err, res)
 	return c.finish(res)

@@ -68,14 +68,29 @@ type Handlers struct {
 
 	// server sends elicitation requests; set by Register.
 	server *server.MCPServer
+	// Quotas bound each client's runs; nil: no per-client limits.
+	Quotas *Quotas
+	// ProgressInterval is the least time between two output notifications
+	// of one run; zero means 250 ms.
+	ProgressInterval time.Duration
+
 	// deferred are the records of calls waiting for a client's retry.
 	deferredMu sync.Mutex
 	deferred   map[string]deferredRecord
+	runs       runs
+}
+
+func (h *Handlers) progressInterval() time.Duration {
+	if h.ProgressInterval <= 0 {
+		return 250 * time.Millisecond
+	}
+	return h.ProgressInterval
 }
 
 // Register adds run_python and run_shell to s.
 func (h *Handlers) Register(s *server.MCPServer) {
 	h.server = s
+	h.registerRunTools(s)
 	s.AddTool(h.tool("run_python", "code", pythonDescription(h.Limits), "Run Python"), h.handler("run_python", "code", runtime.Python))
 	s.AddTool(h.tool("run_shell", "command", shellDescription(h.Limits), "Run shell command"), h.handler("run_shell", "command", runtime.Shell))
 }
@@ -182,6 +197,8 @@ func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToo
 		switch {
 		case errors.Is(err, runtime.ErrBusy):
 			return mcp.NewToolResultError(fmt.Sprintf("All %d sandboxes are busy (limits.concurrency); retry in a few seconds.", h.Limits.Concurrency))
+		case errors.Is(err, errShuttingDown):
+			return mcp.NewToolResultError("The server is shutting down; the run was cancelled and its sandbox killed. Retry in a moment.")
 		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 			return mcp.NewToolResultError("The call was cancelled; its sandbox was killed.")
 		case errors.As(err, &ie):

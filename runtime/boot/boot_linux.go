@@ -180,6 +180,8 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (runtime.
 		GID:         uint32(cfg.Sandbox.GID),
 		Env:         cfg.Sandbox.Env,
 		Concurrency: cfg.Limits.Concurrency,
+		Queue:       cfg.Limits.Queue,
+		QueueWait:   cfg.Limits.QueueWait(),
 		Log:         log,
 	}, nil
 }
@@ -267,4 +269,20 @@ func cacheKey(path string) string {
 		return "none"
 	}
 	return fmt.Sprintf("%s:%d:%d", path, st.Size(), st.ModTime().Unix())
+}
+
+// Ready reports whether the stack can serve runs now: containerd answers,
+// the image is there, and the sandbox manager is up.
+func (s *Stack) Ready(ctx context.Context) error {
+	if s.Manager == nil {
+		return errors.New("sandbox runtime not started")
+	}
+	serving, err := s.Client.IsServing(ctx)
+	if err != nil || !serving {
+		return fmt.Errorf("containerd not serving: %v", err)
+	}
+	if _, err := s.Client.GetImage(namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace), s.Config.Image); err != nil {
+		return fmt.Errorf("image %s: %w", s.Config.Image, err)
+	}
+	return nil
 }

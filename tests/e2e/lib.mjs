@@ -356,3 +356,125 @@ export async function hostIPv4s() {
   }
   return [...out];
 }
+
+/**
+ * A daemon: `airlock serve --transport http,sse` as a child process with its
+ * own config, TCP port and Unix socket, for the hosted-mode tests.
+ */
+export class Daemon {
+  /**
+   * config: sections merged over the defaults below, e.g.
+   * { limits: { concurrency: 4 }, server: { shutdown_grace: '2s' } }.
+   */
+  constructor(label, config = {}, { transports = 'http,sse', listenHost = '127.0.0.1' } = {}) {
+    this.label = label;
+    this.config = config;
+    this.transports = transports;
+    this.listenHost = listenHost;
+    this.stderr = '';
+  }
+
+  async start() {
+    this.dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_daemon_'));
+    await execFileP('chmod', ['755', this.dir]); // the relay's unprivileged user must reach the socket
+    this.port = await freePort();
+    this.url = `http://127.0.0.1:${this.port}`;
+    this.socket = path.join(this.dir, 'airlock.sock');
+    this.tokenFile = path.join(this.dir, 'client.tokens');
+    this.auditFile = path.join(this.dir, 'audit.jsonl');
+    this.configPath = path.join(this.dir, 'config.yaml');
+    const base = {
+      state_dir: STATE_DIR,
+      log: { level: 'info' },
+      limits: { ...LIMITS },
+      server: { listen: `${this.listenHost}:${this.port}`, socket: this.socket, progress_interval: '100ms' },
+      auth: { token_file: this.tokenFile },
+      audit: { path: this.auditFile },
+    };
+    for (const [k, v] of Object.entries(this.config)) base[k] = { ...(base[k] ?? {}), ...v };
+    // JSON is YAML.
+    await writeFile(this.configPath, JSON.stringify(base, null, 1) + '\n');
+    const { spawn } = await import('node:child_process');
+    this.proc = spawn(AIRLOCK_BIN, ['serve', '--transport', this.transports, '--config', this.configPath],
+      { stdio: ['ignore', 'ignore', 'pipe'], env: { PATH: process.env.PATH } });
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })));
+    this.proc.stderr.on('data', (c) => {
+      const s = c.toString();
+      if (VERBOSE) process.stderr.write(`[${this.label}] ${s}`);
+      this.stderr += s;
+      if (this.stderr.length > STDERR_KEEP) this.stderr = this.stderr.slice(-STDERR_KEEP);
+    });
+    const t0 = performance.now();
+    let exit = null;
+    this.exited.then((e) => { exit = e; });
+    for (;;) {
+      if (exit) throw new Error(`daemon ${this.label} exited during start: ${JSON.stringify(exit)}\n${this.stderr.slice(-4000)}`);
+      try {
+        const r = await fetch(`${this.url}/readyz`);
+        if (r.status === 200) break;
+      } catch {
+        // not listening yet
+      }
+      if (performance.now() - t0 > BOOT_TIMEOUT_MS) throw new Error(`daemon ${this.label} not ready\n${this.stderr.slice(-4000)}`);
+      await sleep(100);
+    }
+    this.instanceId = await findInstanceId(this.proc.pid);
+    return this;
+  }
+
+  /** Adds a token for name with `airlock token add`; returns the secret. */
+  async addToken(name) {
+    const r = await airlockCLI(['token', 'add', name, '--config', this.configPath]);
+    if (r.code !== 0) throw new Error(`token add ${name}: ${r.stderr}`);
+    return r.stdout.trim();
+  }
+
+  /** An SDK client over streamable HTTP ('http') or legacy SSE ('sse'). */
+  async client(kind, token, { name = 'airlock-e2e-hosted' } = {}) {
+    const { StreamableHTTPClientTransport } = await import('@modelcontextprotocol/sdk/client/streamableHttp.js');
+    const { SSEClientTransport } = await import('@modelcontextprotocol/sdk/client/sse.js');
+    const authFetch = (url, init = {}) => {
+      const headers = new Headers(init.headers);
+      if (token) headers.set('Authorization', `Bearer ${token}`);
+      return fetch(url, { ...init, headers });
+    };
+    const transport = kind === 'sse'
+      ? new SSEClientTransport(new URL(`${this.url}/sse`), { fetch: authFetch, eventSourceInit: { fetch: authFetch } })
+      : new StreamableHTTPClientTransport(new URL(`${this.url}/mcp`), { fetch: authFetch });
+    const client = new Client({ name, version: '0.0.0' });
+    await client.connect(transport, { timeout: 60_000 });
+    return client;
+  }
+
+  annotate(err) {
+    const e = err instanceof Error ? err : new Error(String(err));
+    e.message += `\n----- daemon "${this.label}" stderr (last 6000) -----\n${this.stderr.slice(-6000)}\n-----`;
+    return e;
+  }
+
+  /** SIGTERM and wait for the exit. */
+  async stop(signal = 'SIGTERM') {
+    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill(signal);
+    const e = await this.exited;
+    if (this.dir) await rm(this.dir, { recursive: true, force: true });
+    return e;
+  }
+}
+
+export async function startDaemon(label, config = {}, opts = {}) {
+  return new Daemon(label, config, opts).start();
+}
+
+/** Calls a tool with an SDK client; resolves to { res, sc, text, isError, ms }. */
+export async function callWith(client, name, args, opts = {}) {
+  const t0 = performance.now();
+  const res = await client.callTool({ name, arguments: args }, CallToolResultSchema, { timeout: 120_000, ...opts });
+  const text = res.content?.filter((c) => c.type === 'text').map((c) => c.text).join('') ?? '';
+  return { res, sc: res.structuredContent, text, isError: res.isError === true, ms: performance.now() - t0 };
+}
+
+/** Whether containerd still has the sandbox of run id. */
+export async function sandboxExists(runId) {
+  const ids = await ctr('containers', 'ls', '-q');
+  return ids.includes('airlock-' + runId);
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/airlock-mcp/airlock/runtime/boot"
+	"github.com/airlock-mcp/airlock/server"
+)
+
+func (a *app) serveCmd() *cobra.Command {
+	var transport, connect string
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the MCP tools: stdio (Claude Desktop, IDEs), http (streamable HTTP at /mcp), sse (/sse), or http,sse",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			transports := strings.Split(transport, ",")
+			if transport == "stdio" {
+				if connect != "" {
+					return a.relay(cmd.Context(), connect)
+				}
+				return a.serveStdio(cmd)
+			}
+			if connect != "" {
+				return fmt.Errorf("--connect relays stdio: use it with --transport stdio")
+			}
+			for _, t := range transports {
+				if t != server.TransportHTTP && t != server.TransportSSE {
+					return fmt.Errorf("transport %q: use stdio, http, sse, or http,sse", t)
+				}
+			}
+			return a.serveHTTP(cmd, transports)
+		},
+	}
+	cmd.Flags().StringVar(&transport, "transport", "stdio", "MCP transport: stdio, http, sse, or http,sse")
+	cmd.Flags().String("listen", "", "address of the HTTP transports (server.listen, default 127.0.0.1:8765)")
+	_ = a.v.BindPFlag("server.listen", cmd.Flags().Lookup("listen"))
+	cmd.Flags().StringVar(&connect, "connect", "", "with --transport stdio: relay to a running daemon instead, e.g. unix:///run/airlock/airlock.sock (what `airlock connect` does)")
+	return cmd
+}
+
+func (a *app) serveStdio(cmd *cobra.Command) error {
+	return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
+		h, closeHandlers, err := a.handlers(ctx, stack)
+		if err != nil {
+			return err
+		}
+		defer closeHandlers()
+		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
+		s := server.New(version, h)
+		return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), a.log)
+	})
+}
+
+// serveHTTP serves the network transports and the local socket until
+// SIGTERM or SIGINT, then shuts down gracefully: it stops accepting, lets
+// runs in flight finish for server.shutdown_grace, cancels the rest, and
+// exits 0 with nothing left behind.
+func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
+	cfg := a.cfg
+	tokens, err := a.clientTokens()
+	if err != nil {
+		return err
+	}
+	// Before the runtime comes up: a refusal should be quick and plain.
+	if cfg.Server.Listen != "" {
+		if err := server.CheckExposure(cfg.Server.Listen, tokens, cfg.Auth.AllowUnauthenticated); err != nil {
+			return err
+		}
+	}
+	return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
+		h, closeHandlers, err := a.handlers(ctx, stack)
+		if err != nil {
+			return err
+		}
+		defer closeHandlers()
+		s := server.New(version, h)
+		srv, err := server.NewHTTP(s, server.HTTPOptions{
+			Listen: cfg.Server.Listen, Transports: transports,
+			Socket: cfg.Server.Socket, SocketGroup: cfg.Server.SocketGroup,
+			TLSCert: cfg.TLS.Cert, TLSKey: cfg.TLS.Key,
+			Tokens: tokens, AllowUnauthenticated: cfg.Auth.AllowUnauthenticated,
+			AllowedOrigins: cfg.Server.AllowedOrigins,
+			Ready:          stack.Ready,
+			Log:            a.log,
+		})
+		if err != nil {
+			return err
+		}
+		if err := srv.Start(ctx); err != nil {
+			return err
+		}
+		a.log.Info("serving", "transports", transports, "listen", cfg.Server.Listen, "socket", cfg.Server.Socket, "auth", tokens != nil,
+			"shim", stack.Shim, "image", cfg.Image, "instance", stack.Instance.ID, "approval", cfg.Approval.Mode)
+		<-ctx.Done()
+		start := time.Now()
+		a.log.Info("shutting down: no new connections; runs in flight may finish", "in_flight", h.InFlight(), "grace", cfg.Server.ShutdownGrace)
+		srv.StopAccepting()
+		h.Drain(cfg.Server.ShutdownGrace)
+		srv.Close()
+		a.log.Info("shut down", "took", time.Since(start).Round(time.Millisecond))
+		return nil
+	})
+}
+
+// clientTokens is the bearer-token store of the HTTP transports. While it
+// holds no token, only loopback is served without one, unless the operator
+// allows otherwise; the first token added turns authentication on.
+func (a *app) clientTokens() (*server.Tokens, error) {
+	var static []server.Token
+	for _, t := range a.cfg.Auth.Tokens {
+		tok, err := server.ParseTokenHash(t.Name, t.SHA256)
+		if err != nil {
+			return nil, fmt.Errorf("auth.tokens: %w", err)
+		}
+		static = append(static, tok)
+	}
+	return server.NewTokens(static, a.cfg.ClientTokenFile())
+}
+
+func (a *app) connectCmd() *cobra.Command {
+	var socket string
+	cmd := &cobra.Command{
+		Use:   "connect",
+		Short: "Relay this process's stdio MCP session to a running airlock daemon (run it unprivileged, from Claude Desktop or an IDE)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if socket == "" {
+				socket = a.cfg.Server.Socket
+			}
+			return a.relay(cmd.Context(), socket)
+		},
+	}
+	cmd.Flags().StringVar(&socket, "socket", "", "the daemon's socket (server.socket, default /run/airlock/airlock.sock); unix:// prefix optional")
+	return cmd
+}
+
+func (a *app) relay(ctx context.Context, target string) error {
+	path := target
+	if strings.Contains(target, "://") {
+		u, err := url.Parse(target)
+		if err != nil || u.Scheme != "unix" {
+			return fmt.Errorf("--connect %q: want unix:///path/to/airlock.sock", target)
+		}
+		path = u.Path
+	}
+	return server.Relay(ctx, os.Stdin, os.Stdout, server.RelayOptions{Socket: path, Log: a.log})
+}
+
+func (a *app) tokenCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "token", Short: "Manage the bearer tokens of the HTTP transports"}
+	add := &cobra.Command{
+		Use:   "add NAME",
+		Short: "Make a token for client NAME: store its hash in auth.token_file and print the secret once",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			secret, line, err := server.NewSecret(args[0])
+			if err != nil {
+				return err
+			}
+			file := a.cfg.ClientTokenFile()
+			f, err := os.OpenFile(file, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+			if err != nil {
+				return fmt.Errorf("auth.token_file: %w", err)
+			}
+			if _, err := fmt.Fprintln(f, line); err != nil {
+				f.Close()
+				return err
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "added token %q to %s; a running airlock picks it up within a second. The secret (shown once):\n", args[0], file)
+			fmt.Println(secret)
+			return nil
+		},
+	}
+	cmd.AddCommand(add)
+	return cmd
+}

@@ -1,0 +1,202 @@
+package server
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestTokensFromFileAndReload(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "client.tokens")
+	secretA, lineA, err := NewSecret("alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, err := NewTokens(nil, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tokens.Empty() {
+		t.Fatal("a missing token file holds tokens")
+	}
+	if err := os.WriteFile(file, []byte("# clients\n"+lineA+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens.checked = time.Time{} // skip the once-a-second wait
+	if name, ok := tokens.Lookup(secretA); !ok || name != "alice" {
+		t.Fatalf("Lookup after adding = %q, %v", name, ok)
+	}
+	if _, ok := tokens.Lookup(secretA + "x"); ok {
+		t.Error("a different secret matched")
+	}
+	if err := os.WriteFile(file, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens.checked = time.Time{}
+	if _, ok := tokens.Lookup(secretA); ok {
+		t.Error("a revoked token still works")
+	}
+}
+
+func TestTokenFileErrors(t *testing.T) {
+	for _, bad := range []string{"alice:plain-secret\n", "alice:sha256:abcd\n", ":sha256:" + strings.Repeat("a", 64) + "\n"} {
+		file := filepath.Join(t.TempDir(), "t")
+		_ = os.WriteFile(file, []byte(bad), 0o600)
+		if _, err := NewTokens(nil, file); err == nil || !strings.Contains(err.Error(), "line 1") {
+			t.Errorf("token file %q: err = %v, want it to name line 1", bad, err)
+		}
+	}
+}
+
+func TestRequireToken(t *testing.T) {
+	secret, line, _ := NewSecret("ci")
+	tok, _ := ParseTokenHash("ci", strings.Split(line, ":")[2])
+	store, _ := NewTokens([]Token{tok}, "")
+	var got Principal
+	h := requireToken(store, true, "http", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got, _ = PrincipalFrom(r.Context()) }))
+	cases := []struct {
+		name, auth string
+		status     int
+	}{
+		{"none", "", 401},
+		{"wrong", "Bearer nope", 401},
+		{"not bearer", "Basic " + secret, 401},
+		{"right", "Bearer " + secret, 200},
+	}
+	for _, c := range cases {
+		r := httptest.NewRequest("POST", "/mcp", nil)
+		if c.auth != "" {
+			r.Header.Set("Authorization", c.auth)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.status {
+			t.Errorf("%s: status %d, want %d", c.name, w.Code, c.status)
+		}
+		if c.status == 401 && !strings.HasPrefix(w.Header().Get("WWW-Authenticate"), `Bearer realm="airlock"`) {
+			t.Errorf("%s: WWW-Authenticate = %q", c.name, w.Header().Get("WWW-Authenticate"))
+		}
+	}
+	if got.ID != "token:ci" || got.Transport != "http" {
+		t.Errorf("principal = %+v", got)
+	}
+	// No tokens at all: anonymous only where allowed.
+	empty, _ := NewTokens(nil, "")
+	for _, anon := range []bool{true, false} {
+		w := httptest.NewRecorder()
+		requireToken(empty, anon, "http", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})).ServeHTTP(w, httptest.NewRequest("GET", "/mcp", nil))
+		if (w.Code == 200) != anon {
+			t.Errorf("no tokens, anonymousOK=%v: status %d", anon, w.Code)
+		}
+	}
+}
+
+func TestCheckExposure(t *testing.T) {
+	secretLess, _ := NewTokens(nil, "")
+	_, line, _ := NewSecret("x")
+	tok, _ := ParseTokenHash("x", strings.Split(line, ":")[2])
+	withToken, _ := NewTokens([]Token{tok}, "")
+	cases := []struct {
+		listen string
+		tokens *Tokens
+		allow  bool
+		ok     bool
+	}{
+		{"127.0.0.1:8765", nil, false, true},
+		{"[::1]:8765", secretLess, false, true},
+		{"localhost:8765", nil, false, true},
+		{"0.0.0.0:8765", nil, false, false},
+		{"0.0.0.0:8765", secretLess, false, false},
+		{"10.1.2.3:8765", withToken, false, true},
+		{"0.0.0.0:8765", nil, true, true},
+	}
+	for _, c := range cases {
+		err := CheckExposure(c.listen, c.tokens, c.allow)
+		if (err == nil) != c.ok {
+			t.Errorf("CheckExposure(%s, tokens=%v, allow=%v) = %v", c.listen, c.tokens != nil && !c.tokens.Empty(), c.allow, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "auth.allow_unauthenticated") {
+			t.Errorf("refusal does not say how to proceed: %v", err)
+		}
+	}
+}
+
+func TestOriginCheck(t *testing.T) {
+	h := &HTTPServer{o: HTTPOptions{AllowedOrigins: []string{"https://agents.example"}}}
+	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	for _, c := range []struct {
+		origin string
+		status int
+	}{{"", 200}, {"http://airlock.internal:8765", 200}, {"https://agents.example", 200}, {"http://evil.example", 403}, {"null", 403}} {
+		r := httptest.NewRequest("POST", "http://airlock.internal:8765/mcp", nil)
+		if c.origin != "" {
+			r.Header.Set("Origin", c.origin)
+		}
+		w := httptest.NewRecorder()
+		h.checkOrigin(next).ServeHTTP(w, r)
+		if w.Code != c.status {
+			t.Errorf("Origin %q: status %d, want %d", c.origin, w.Code, c.status)
+		}
+	}
+}
+
+func TestSessionOwnership(t *testing.T) {
+	o := newOwners()
+	// The handler behind plays mcp-go: initialize hands out a session id.
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Session-Id") == "" {
+			w.Header().Set("Mcp-Session-Id", "s-1")
+		}
+		w.WriteHeader(200)
+	})
+	h := o.bindStreamable(inner)
+	as := func(who, session string) int {
+		r := httptest.NewRequest("POST", "/mcp", nil)
+		r = r.WithContext(withPrincipal(r.Context(), Principal{ID: who}))
+		if session != "" {
+			r.Header.Set("Mcp-Session-Id", session)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if as("alice", "") != 200 {
+		t.Fatal("initialize refused")
+	}
+	if as("alice", "s-1") != 200 {
+		t.Error("the owner was refused her session")
+	}
+	if as("bob", "s-1") != 404 {
+		t.Error("another client used alice's session")
+	}
+	if as("alice", "s-unknown") != 404 {
+		t.Error("an unknown session was accepted")
+	}
+}
+
+func TestDropStatelessCancel(t *testing.T) {
+	reached := 0
+	h := dropStatelessCancel(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached++ }))
+	post := func(body, session string) int {
+		r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
+		if session != "" {
+			r.Header.Set("Mcp-Session-Id", session)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	cancel := `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`
+	if post(cancel, "") != 202 || reached != 0 {
+		t.Error("a sessionless cancellation reached the server")
+	}
+	post(cancel, "s-1")
+	post(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, "")
+	if reached != 2 {
+		t.Errorf("reached = %d, want the session cancel and the request through", reached)
+	}
+}
