@@ -103,6 +103,7 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 		a.log.Info("shutting down: no new connections; runs in flight may finish", "in_flight", h.InFlight(), "grace", cfg.Server.ShutdownGrace)
 		srv.StopAccepting()
 		h.Drain(cfg.Server.ShutdownGrace)
+		srv.WaitAnswered(5 * time.Second)
 		srv.Close()
 		a.log.Info("shut down", "took", time.Since(start).Round(time.Millisecond))
 		return nil

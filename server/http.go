@@ -71,6 +71,9 @@ type HTTPServer struct {
 	servers []*http.Server
 	addrs   []net.Addr
 	wg      sync.WaitGroup
+	// active counts requests being answered, streams aside, so shutdown
+	// can let the last answers out before it drops connections.
+	active sync.WaitGroup
 }
 
 // NewHTTP checks o and builds the server; Start listens.
@@ -137,7 +140,7 @@ func (h *HTTPServer) handler(transports []string, authenticate func(http.Handler
 		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ready"})
 	})
 	guard := func(next http.Handler) http.Handler {
-		return h.checkOrigin(authenticate(limitBody(next)))
+		return h.track(h.checkOrigin(authenticate(limitBody(next))))
 	}
 	ctxFunc := func(ctx context.Context, r *http.Request) context.Context {
 		if p, ok := PrincipalFrom(r.Context()); ok {
@@ -200,6 +203,31 @@ func (h *HTTPServer) originAllowed(origin, host string) bool {
 	}
 	u, err := url.Parse(origin)
 	return err == nil && u.Host != "" && strings.EqualFold(u.Host, host)
+}
+
+// track counts requests in flight other than the long-lived GET streams.
+func (h *HTTPServer) track(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			h.active.Add(1)
+			defer h.active.Done()
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// WaitAnswered waits up to d for requests being answered to finish; then
+// answers queued on SSE streams get a moment to be written.
+func (h *HTTPServer) WaitAnswered(d time.Duration) {
+	done := make(chan struct{})
+	go func() { h.active.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
+	if h.sse != nil {
+		time.Sleep(250 * time.Millisecond)
+	}
 }
 
 func limitBody(next http.Handler) http.Handler {
