@@ -203,6 +203,7 @@ func (h *Handlers) registerRunTools(s *server.MCPServer) {
 		mcp.WithDescription("Cancel one of this client's runs in flight, by the run_id its progress notifications and list_runs show. Its sandbox is killed."),
 		mcp.WithString("run_id", mcp.Required(), mcp.Description("The run to cancel.")),
 		mcp.WithSchemaAdditionalProperties(false),
+		mcp.WithReadOnlyHintAnnotation(false),
 		mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(true),
 		mcp.WithOpenWorldHintAnnotation(false),

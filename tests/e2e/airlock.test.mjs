@@ -51,10 +51,20 @@ describe('airlock over stdio (one server)', { timeout: 15 * 60_000 }, () => {
   });
 
   // 1
-  test('tools/list: both tools, input schemas, all four annotations as booleans', w(async () => {
+  test('tools/list: the run tools, input schemas, all four annotations as booleans', w(async () => {
     const { tools } = await srv.client.listTools();
     const byName = Object.fromEntries(tools.map((t) => [t.name, t]));
-    assert.deepEqual(Object.keys(byName).sort(), ['run_python', 'run_shell']);
+    assert.deepEqual(Object.keys(byName).sort(), ['cancel_run', 'list_runs', 'run_python', 'run_shell']);
+    // The run registry's tools: list_runs only reads, cancel_run needs a run id.
+    assert.deepEqual(byName.cancel_run.inputSchema.required, ['run_id']);
+    for (const [name, readOnly] of [['list_runs', true], ['cancel_run', false]]) {
+      const a = byName[name].annotations;
+      for (const h of ['readOnlyHint', 'destructiveHint', 'idempotentHint', 'openWorldHint']) {
+        assert.equal(typeof a?.[h], 'boolean', `${name}: annotations.${h} must be set explicitly`);
+      }
+      assert.equal(a.readOnlyHint, readOnly, `${name}: readOnlyHint`);
+      assert.equal(a.openWorldHint, false, `${name}: openWorldHint`);
+    }
     for (const [name, key] of [['run_python', 'code'], ['run_shell', 'command']]) {
       const t = byName[name];
       assert.ok(t.description && t.description.length > 50, `${name}: description`);
