@@ -37,9 +37,18 @@ type Config struct {
 	Network    NetworkConfig    `mapstructure:"network"`
 	Approval   ApprovalConfig   `mapstructure:"approval"`
 	Audit      AuditConfig      `mapstructure:"audit"`
+	Pool       PoolConfig       `mapstructure:"pool"`
 	Server     ServerConfig     `mapstructure:"server"`
 	TLS        TLSConfig        `mapstructure:"tls"`
 	Auth       AuthConfig       `mapstructure:"auth"`
+}
+
+// PoolConfig is the warm pool of sandboxes.
+type PoolConfig struct {
+	// Size is how many warm sandboxes wait per network mode; 0 disables.
+	Size int `mapstructure:"size"`
+	// MaxIdleAge retires a warm sandbox that waited this long.
+	MaxIdleAge time.Duration `mapstructure:"max_idle_age"`
 }
 
 // ServerConfig is how airlock serves MCP over the network and to local
@@ -248,6 +257,7 @@ func Defaults() Config {
 			Console: ConsoleConfig{Listen: "127.0.0.1:8766"},
 		},
 		Audit: AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
+		Pool:  PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute},
 		Server: ServerConfig{
 			Listen:           "127.0.0.1:8765",
 			Socket:           "/run/airlock/airlock.sock",
@@ -311,6 +321,8 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("audit.path", d.Audit.Path)
 	v.SetDefault("audit.include_code", d.Audit.IncludeCode)
 	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
+	v.SetDefault("pool.size", d.Pool.Size)
+	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
 	v.SetDefault("server.listen", d.Server.Listen)
 	v.SetDefault("server.socket", d.Server.Socket)
 	v.SetDefault("server.socket_group", d.Server.SocketGroup)
@@ -383,6 +395,8 @@ func (c Config) Validate() error {
 		{l.Queue >= 0 && l.QueueWaitS >= 0, "limits.queue and limits.queue_wait_s must not be negative"},
 		{l.PerClientConcurrency >= 1, "limits.per_client_concurrency must be at least 1"},
 		{l.PerClientRunsPerMinute >= 1, "limits.per_client_runs_per_minute must be at least 1"},
+		{c.Pool.Size >= 0, "pool.size must not be negative (0 turns the pool off)"},
+		{c.Pool.MaxIdleAge >= time.Second, "pool.max_idle_age must be at least 1s (write it with a unit: 10m)"},
 		{c.Server.ShutdownGrace >= 0, "server.shutdown_grace must not be negative (write it with a unit: 30s)"},
 		{c.Server.ProgressInterval >= 10*time.Millisecond, "server.progress_interval must be at least 10ms (write it with a unit: 250ms)"},
 		{(c.TLS.Cert == "") == (c.TLS.Key == ""), "tls.cert and tls.key must be set together"},

@@ -2,8 +2,6 @@ package runtime
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,8 +15,6 @@ import (
 	"github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/core/snapshots"
-	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
@@ -38,6 +34,9 @@ const (
 const (
 	LabelInstance = "airlock.instance"
 	LabelRun      = "airlock.run"
+	// LabelPool is "idle" on a warm sandbox waiting in the pool and
+	// "taken" once a run has it.
+	LabelPool = "airlock.pool"
 )
 
 // cleanupTimeout bounds teardown, which runs even after the caller gave up.
@@ -70,6 +69,13 @@ type Options struct {
 	ProxyPort int
 	// CABundle is PEM the sandbox trusts for TLS (system roots included).
 	CABundle []byte
+	// PoolSize is how many warm sandboxes to keep ready per network mode;
+	// 0 turns the pool off. PoolLimits are the limits pooled sandboxes are
+	// made with; a request with other spec limits gets a cold sandbox.
+	// PoolMaxIdle retires a warm sandbox that waited longer.
+	PoolSize    int
+	PoolLimits  Limits
+	PoolMaxIdle time.Duration
 }
 
 // ContainerdManager runs each request in a new gVisor sandbox via containerd.
@@ -82,6 +88,9 @@ type ContainerdManager struct {
 	oom         map[string]bool
 	stopEvents  context.CancelFunc
 	fifoDir     string
+	pool        *Pool
+	// teardowns are sandboxes being destroyed after their run answered.
+	teardowns sync.WaitGroup
 }
 
 // NewContainerd checks its options and starts watching for OOM events.
@@ -124,6 +133,9 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	evCtx, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), o.Namespace))
 	m.stopEvents = cancel
 	go m.watchOOM(evCtx)
+	if o.PoolSize > 0 {
+		m.pool = newPool(m, o.PoolSize, o.PoolLimits, o.PoolMaxIdle)
+	}
 	return m, nil
 }
 
@@ -213,198 +225,6 @@ func (m *ContainerdManager) takeOOM(id string) bool {
 	return v
 }
 
-// NewRunID returns a random run id.
-func NewRunID() string {
-	b := make([]byte, 8)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// Run implements Manager.
-func (m *ContainerdManager) Run(ctx context.Context, req Request) (res Result, err error) {
-	release, err := m.admission.Acquire(ctx)
-	if err != nil {
-		return Result{RunID: req.RunID}, err
-	}
-	defer release()
-	if req.RunID == "" {
-		req.RunID = NewRunID()
-	}
-	res.RunID = req.RunID
-	log := m.o.Log.With("run", req.RunID)
-	args, err := Args(req.Language)
-	if err != nil {
-		return res, err
-	}
-	id := "airlock-" + req.RunID
-	if req.Egress != nil && (m.o.Network == nil || m.o.Proxy == nil) {
-		return res, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
-	}
-	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
-	// Teardown must finish even when the caller cancelled, and its deadline
-	// starts when teardown does, not when the run did.
-	var cleanups []func(context.Context)
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i](cctx)
-		}
-	}()
-
-	start := time.Now()
-	policy := SpecPolicy{
-		Args:        args,
-		UID:         m.o.UID,
-		GID:         m.o.GID,
-		Limits:      req.Limits,
-		CgroupsPath: "/airlock/" + id,
-	}
-	runtimeOpts := m.runtimeOpts
-	var files map[string][]byte
-	var proxyEnv map[string]string
-	if req.Egress != nil {
-		// The namespace must be wired before the sandbox starts: runsc reads
-		// its interfaces once, at start.
-		att, err := m.o.Network.Attach(ctx, req.RunID)
-		if err != nil {
-			return res, infra("attach sandbox network", err)
-		}
-		cleanups = append(cleanups, func(cctx context.Context) {
-			if err := m.o.Network.Detach(cctx, att); err != nil {
-				log.Error("detach sandbox network", "err", err)
-			}
-		})
-		unregister := m.o.Proxy.Register(att.IP, req.RunID, *req.Egress)
-		cleanups = append(cleanups, func(context.Context) { unregister() })
-		defer func() { res.EgressDenied = m.o.Proxy.Denials(req.RunID) }()
-		proxy := fmt.Sprintf("http://%s:%d", att.Gateway, m.o.ProxyPort)
-		policy.NetNSPath = att.NetNSPath
-		proxyEnv = ProxyEnv(proxy, len(m.o.CABundle) > 0)
-		files = ProxyFiles(proxy, m.o.CABundle)
-		runtimeOpts = m.netOpts
-	}
-	policy.Env = BuildEnv(m.o.Env, proxyEnv)
-	spec, err := Spec(policy)
-	if err != nil {
-		return res, err
-	}
-
-	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: req.RunID}
-	// A writable snapshot of the run's own, so the code can be placed in it;
-	// the spec still mounts the root read-only inside the sandbox.
-	container, err := m.o.Client.NewContainer(ctx, id,
-		containerd.WithImage(m.o.Image),
-		containerd.WithSnapshotter(Snapshotter),
-		containerd.WithNewSnapshot(id, m.o.Image, snapshots.WithLabels(labels)),
-		containerd.WithRuntime(m.o.Shim, runtimeOpts),
-		containerd.WithSpec(spec),
-		containerd.WithContainerLabels(labels),
-	)
-	if err != nil {
-		return res, infra("create sandbox", err)
-	}
-	cleanups = append(cleanups, func(cctx context.Context) {
-		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
-			log.Error("delete sandbox", "err", err)
-		}
-	})
-	if err := m.placeCode(ctx, id, req.Language, req.Code, files); err != nil {
-		return res, infra("place code in sandbox", err)
-	}
-
-	stdout := newCappedBuffer(req.Limits.StdoutBytes, tap(req.Output, Stdout))
-	stderr := newCappedBuffer(req.Limits.StderrBytes, tap(req.Output, Stderr))
-	// No stdin: the code reads EOF, as it would from /dev/null.
-	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, stdout, stderr), cio.WithFIFODir(m.fifoDir)))
-	if err != nil {
-		return res, infra("create sandbox task", err)
-	}
-	cleanups = append(cleanups, func(cctx context.Context) {
-		if err := deleteTask(cctx, task); err != nil {
-			log.Error("delete sandbox task", "err", err)
-		}
-	})
-	// The exit wait has no deadline of its own: the timer below bounds the run.
-	exitCh, err := task.Wait(context.WithoutCancel(ctx))
-	if err != nil {
-		return res, infra("wait for sandbox task", err)
-	}
-	if err := task.Start(ctx); err != nil {
-		return res, infra("start sandbox", err)
-	}
-	log.Debug("sandbox started", "took", time.Since(start))
-
-	timer := time.NewTimer(req.Limits.Timeout)
-	defer timer.Stop()
-	var status containerd.ExitStatus
-	var killedBy string
-	select {
-	case status = <-exitCh:
-	case <-timer.C:
-		killedBy = ReasonTimeout
-	case <-ctx.Done():
-		killedBy = "cancelled"
-	}
-	if killedBy != "" {
-		// SIGKILL the whole sandbox: SIGTERM can be ignored, and a child that
-		// escaped the init process's group must not survive it.
-		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if err := task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
-			log.Warn("kill sandbox", "err", err)
-		}
-		select {
-		case status = <-exitCh:
-		case <-kctx.Done():
-			return res, infra("sandbox did not stop after SIGKILL", kctx.Err())
-		}
-	}
-	res.Duration = time.Since(start)
-	code, _, werr := status.Result()
-	if werr != nil {
-		return res, infra("sandbox exit status", werr)
-	}
-	// The output pipes close when the sandbox is gone; a bounded wait keeps a
-	// misbehaving shim from hanging the call.
-	ioDone := make(chan struct{})
-	go func() { task.IO().Wait(); close(ioDone) }()
-	select {
-	case <-ioDone:
-	case <-time.After(5 * time.Second):
-		log.Warn("sandbox output did not close in time")
-	}
-	task.IO().Close()
-
-	res.ExitCode = int(code)
-	res.Stdout, res.StdoutTruncated = stdout.Result()
-	res.Stderr, res.StderrTruncated = stderr.Result()
-	if res.StdoutTruncated {
-		res.Stdout += fmt.Sprintf(TruncationMarker, req.Limits.StdoutBytes)
-	}
-	if res.StderrTruncated {
-		res.Stderr += fmt.Sprintf(TruncationMarker, req.Limits.StderrBytes)
-	}
-	oom := m.takeOOM(id)
-	switch {
-	case killedBy == ReasonTimeout:
-		res.TimedOut, res.Reason = true, ReasonTimeout
-		if res.ExitCode == 0 {
-			res.ExitCode = 128 + int(syscall.SIGKILL)
-		}
-	case killedBy != "":
-		return res, ctx.Err()
-	case oom:
-		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
-	case res.Truncated():
-		res.Reason = ReasonOutputCapped
-	case res.ExitCode > 128:
-		res.Reason = ReasonSignal
-	}
-	log.Info("run finished", "lang", req.Language, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration)
-	return res, nil
-}
-
 // deleteTask removes a task. An exited task is deleted as it is; one still
 // running (an early return, a cancelled call) is SIGKILLed as a whole first.
 func deleteTask(ctx context.Context, task containerd.Task) error {
@@ -433,52 +253,25 @@ func deleteTask(ctx context.Context, task containerd.Task) error {
 }
 
 // Snapshotter is the containerd snapshotter sandboxes use, and so the one
-// images must be unpacked for: placeCode writes into its upper layer.
+// images must be unpacked for.
 const Snapshotter = "overlayfs"
 
-// placeCode writes the run's code into its snapshot's upper layer, as a
-// root-owned, world-readable file under CodeDir. It is part of the sandbox's
-// read-only root: the code can read it, not change it.
-func (m *ContainerdManager) placeCode(ctx context.Context, key string, lang Language, code string, files map[string][]byte) error {
-	file, err := CodeFile(lang)
-	if err != nil {
-		return err
-	}
-	mounts, err := m.o.Client.SnapshotService(Snapshotter).Mounts(ctx, key)
-	if err != nil {
-		return fmt.Errorf("snapshot mounts: %w", err)
-	}
-	upper := ""
-	for _, mt := range mounts {
-		for _, opt := range mt.Options {
-			if v, ok := strings.CutPrefix(opt, "upperdir="); ok {
-				upper = v
-			}
-		}
-	}
-	if upper == "" {
-		return fmt.Errorf("snapshot %s has no overlay upper dir (mounts %+v)", key, mounts)
-	}
-	dir := filepath.Join(upper, CodeDir)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		return fmt.Errorf("create code dir: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(upper, file), []byte(code), 0o644); err != nil {
-		return fmt.Errorf("write code: %w", err)
-	}
-	for name, data := range files {
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(name)), data, 0o644); err != nil {
-			return fmt.Errorf("write %s: %w", name, err)
-		}
-	}
-	return nil
-}
+// WaitTeardowns waits until the sandboxes of finished runs are destroyed.
+func (m *ContainerdManager) WaitTeardowns() { m.teardowns.Wait() }
+
+// Pool is the warm pool, nil when it is off.
+func (m *ContainerdManager) Pool() *Pool { return m.pool }
 
 // Admission is the manager's concurrency limit, for metrics and tests.
 func (m *ContainerdManager) Admission() *Admission { return m.admission }
 
-// Close implements Manager: it removes every sandbox of this instance.
+// Close implements Manager: it stops the pool, waits for teardowns in
+// flight, and removes every sandbox of this instance.
 func (m *ContainerdManager) Close(ctx context.Context) error {
+	if m.pool != nil {
+		m.pool.stop()
+	}
+	m.teardowns.Wait()
 	m.stopEvents()
 	_, err := RemoveSandboxes(ctx, m.o.Client, m.o.Namespace, func(inst string) bool { return inst == m.o.InstanceID })
 	if rerr := os.RemoveAll(m.fifoDir); rerr != nil {

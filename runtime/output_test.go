@@ -60,18 +60,6 @@ func TestBuildEnvIsAllowListOnly(t *testing.T) {
 	}
 }
 
-func TestArgs(t *testing.T) {
-	if a, err := Args(Python); err != nil || a[0] != "/usr/bin/python3" {
-		t.Errorf("python args = %v, %v", a, err)
-	}
-	if a, err := Args(Shell); err != nil || a[0] != "/bin/bash" {
-		t.Errorf("shell args = %v, %v", a, err)
-	}
-	if _, err := Args("ruby"); err == nil {
-		t.Error("unknown language accepted")
-	}
-}
-
 func TestCappedBufferTapSeesOnlyKept(t *testing.T) {
 	var seen []byte
 	b := newCappedBuffer(5, func(p []byte) { seen = append(seen, p...) })

@@ -4,6 +4,8 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -43,6 +45,8 @@ type Request struct {
 	// Egress, when set, gives the run a network that reaches only the
 	// policy's names through the egress proxy. Nil: loopback only.
 	Egress *egress.Policy
+	// Trace asks for Result.Timings (profiling; the benchmark uses it).
+	Trace bool
 	// Output, when set, is called with each chunk of output as it arrives,
 	// within the caps. It runs on the output copier and must not block; the
 	// slice is valid only during the call.
@@ -81,6 +85,11 @@ type Result struct {
 	Reason string
 	// EgressDenied lists the destinations the egress proxy refused.
 	EgressDenied []egress.Denial
+	// Warm says the run used a pooled sandbox.
+	Warm bool
+	// Timings are milliseconds from the start of Run to each step, with the
+	// driver's own steps under "driver.", when Request.Trace asked.
+	Timings map[string]float64
 }
 
 // Truncated reports whether any output was dropped at its cap.
@@ -113,3 +122,10 @@ func (e *InfraError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) 
 func (e *InfraError) Unwrap() error { return e.Err }
 
 func infra(op string, err error) error { return &InfraError{Op: op, Err: err} }
+
+// NewRunID returns a random run id.
+func NewRunID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

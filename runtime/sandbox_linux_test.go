@@ -63,6 +63,8 @@ func testConfig() config.Config {
 	// No wait queue: TestConcurrencyLimit wants the busy answer at once
 	// (the queue itself is tested in admission_test.go and end to end).
 	cfg.Limits.Queue = 0
+	// Cold sandboxes here; pool_linux_test.go tests the pool on its own.
+	cfg.Pool.Size = 0
 	return cfg
 }
 
@@ -277,6 +279,8 @@ func TestOutputCaps(t *testing.T) {
 
 func TestConcurrencyLimit(t *testing.T) {
 	s := need(t)
+	// Slots are held until a sandbox is destroyed: start from none held.
+	s.Manager.WaitTeardowns()
 	lim := s.Config.Limits.Concurrency
 	var wg sync.WaitGroup
 	started := make(chan struct{}, lim)
@@ -286,7 +290,9 @@ func TestConcurrencyLimit(t *testing.T) {
 			defer wg.Done()
 			l := limits()
 			started <- struct{}{}
-			_, _ = s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: "sleep 3", Limits: l})
+			if _, err := s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: "sleep 3", Limits: l}); err != nil {
+				t.Errorf("run within the limit: %v", err)
+			}
 		}()
 	}
 	for i := 0; i < lim; i++ {
@@ -331,6 +337,8 @@ func TestNoLeaksAfterManyRuns(t *testing.T) {
 
 func assertNoSandboxes(t *testing.T, s *boot.Stack) {
 	t.Helper()
+	// Sandboxes are destroyed just after their run answers.
+	s.Manager.WaitTeardowns()
 	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
 	cs, err := s.Client.Containers(ctx)
 	if err != nil {

@@ -2,15 +2,20 @@ package runtime
 
 import (
 	"fmt"
+	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/airlock-mcp/airlock/runtime/driver"
 )
 
 // SpecPolicy is everything the OCI spec of one sandbox is built from.
 type SpecPolicy struct {
-	Args        []string
-	Env         []string
-	UID, GID    uint32
+	Env []string
+	// UID and GID are the code's user; the driver starts the code as them.
+	UID, GID uint32
+	// Preload starts the driver's warm Python worker (pooled sandboxes).
+	Preload     bool
 	Limits      Limits
 	Hostname    string
 	CgroupsPath string
@@ -22,15 +27,32 @@ type SpecPolicy struct {
 // cpuPeriod is the CFS period the CPU quota is expressed in (100 ms).
 const cpuPeriod = 100000
 
+// codeDirBytes caps the tmpfs the driver writes the code to.
+const codeDirBytes = 64 << 20
+
+// driverCaps are the capabilities of the sandbox's init, the driver, and of
+// nothing else: it changes to the code's user (SETUID, SETGID) after
+// emptying the bounding set (SETPCAP), so the code holds none in any set,
+// and it kills the code's processes when the run ends (KILL: they belong to
+// another user).
+var driverCaps = []string{"CAP_KILL", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"}
+
+// DriverArgs is the command line of the sandbox's init.
+func DriverArgs(uid, gid uint32, preload bool) []string {
+	args := []string{driver.Path, "--uid", strconv.FormatUint(uint64(uid), 10), "--gid", strconv.FormatUint(uint64(gid), 10)}
+	if preload {
+		args = append(args, "--preload")
+	}
+	return args
+}
+
 // Spec builds the OCI runtime spec of a sandbox from its policy. It is a pure
 // function, so the security baseline can be checked without containerd:
-// read-only root, size-capped tmpfs at /workspace and /tmp, an unprivileged
-// user with no capabilities and no_new_privs, fresh namespaces including an
-// empty network namespace (loopback only), and cgroup limits.
+// read-only root, size-capped tmpfs at /workspace and /tmp, the driver as
+// init with only the capabilities to start the code as the unprivileged
+// user, no_new_privs, fresh namespaces including an empty network namespace
+// (loopback only), and cgroup limits.
 func Spec(p SpecPolicy) (*specs.Spec, error) {
-	if len(p.Args) == 0 {
-		return nil, fmt.Errorf("spec: no command")
-	}
 	if p.UID == 0 || p.GID == 0 {
 		return nil, fmt.Errorf("spec: refusing to run a sandbox as root (uid %d, gid %d)", p.UID, p.GID)
 	}
@@ -54,23 +76,25 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 		Hostname: hostname,
 		Root:     &specs.Root{Path: "rootfs", Readonly: true},
 		Process: &specs.Process{
-			User: specs.User{UID: p.UID, GID: p.GID},
-			Args: append([]string(nil), p.Args...),
+			// The driver is root inside gVisor's kernel, never on the host;
+			// the code it starts is p.UID with no capabilities.
+			User: specs.User{UID: 0, GID: 0},
+			Args: DriverArgs(p.UID, p.GID, p.Preload),
 			Env:  append([]string(nil), p.Env...),
 			Cwd:  "/workspace",
-			// Empty sets, not nil: nil would leave the runtime's defaults.
+			// Explicit sets, not nil: nil would leave the runtime's defaults.
 			Capabilities: &specs.LinuxCapabilities{
-				Bounding:    []string{},
-				Effective:   []string{},
+				Bounding:    append([]string(nil), driverCaps...),
+				Effective:   append([]string(nil), driverCaps...),
 				Inheritable: []string{},
-				Permitted:   []string{},
+				Permitted:   append([]string(nil), driverCaps...),
 				Ambient:     []string{},
 			},
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024},
 				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
 				// The code's process limit, enforced by gVisor's kernel. All
-				// sandboxed processes share one uid, so it bounds the sandbox.
+				// the code's processes share one uid, so it bounds the code.
 				{Type: "RLIMIT_NPROC", Hard: uint64(l.Pids), Soft: uint64(l.Pids)},
 				// File size is bounded by the tmpfs caps, which fail with ENOSPC.
 			},
@@ -84,6 +108,8 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			tmpfs("/workspace", l.WorkspaceBytes, "mode=0755", fmt.Sprintf("uid=%d", p.UID), fmt.Sprintf("gid=%d", p.GID)),
 			tmpfs("/tmp", l.TmpBytes, "mode=1777"),
+			// Root-owned: the driver writes the code here, the code reads it.
+			tmpfs(driver.CodeDir, codeDirBytes, "mode=0755", "uid=0", "gid=0"),
 		},
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{

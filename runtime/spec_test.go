@@ -6,6 +6,8 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/airlock-mcp/airlock/runtime/driver"
 )
 
 func testLimits() Limits {
@@ -13,7 +15,7 @@ func testLimits() Limits {
 }
 
 func TestSpecSecurityBaseline(t *testing.T) {
-	s, err := Spec(SpecPolicy{Args: []string{"/usr/bin/python3", "-"}, Env: []string{"A=1"}, UID: 1000, GID: 1000, Limits: testLimits()})
+	s, err := Spec(SpecPolicy{Env: []string{"A=1"}, UID: 1000, GID: 1000, Limits: testLimits()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,17 +23,26 @@ func TestSpecSecurityBaseline(t *testing.T) {
 		t.Error("root filesystem is writable")
 	}
 	p := s.Process
-	if p.User.UID != 1000 || p.User.GID != 1000 {
-		t.Errorf("user = %+v, want 1000:1000", p.User)
+	// Init is the driver: root inside gVisor, starting the code as 1000.
+	if p.User.UID != 0 || strings.Join(p.Args, " ") != driver.Path+" --uid 1000 --gid 1000" {
+		t.Errorf("init = %+v %v, want the driver starting the code as 1000:1000", p.User, p.Args)
 	}
 	if !p.NoNewPrivileges {
 		t.Error("no_new_privs is off")
 	}
 	c := p.Capabilities
-	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted, "inheritable": c.Inheritable, "ambient": c.Ambient} {
+	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted} {
+		if strings.Join(set, ",") != "CAP_KILL,CAP_SETGID,CAP_SETPCAP,CAP_SETUID" {
+			t.Errorf("%s capabilities = %v, want only what the driver needs to change user", name, set)
+		}
+	}
+	for name, set := range map[string][]string{"inheritable": c.Inheritable, "ambient": c.Ambient} {
 		if set == nil || len(set) != 0 {
 			t.Errorf("%s capabilities = %v, want an explicit empty set", name, set)
 		}
+	}
+	if pre, _ := Spec(SpecPolicy{UID: 1000, GID: 1000, Preload: true, Limits: testLimits()}); !contains(pre.Process.Args, "--preload") {
+		t.Errorf("a pooled sandbox's driver does not preload: %v", pre.Process.Args)
 	}
 	if p.Cwd != "/workspace" {
 		t.Errorf("cwd = %q", p.Cwd)
@@ -77,6 +88,9 @@ func TestSpecSecurityBaseline(t *testing.T) {
 			t.Errorf("mount %s binds a host path", m.Destination)
 		}
 	}
+	if m, ok := mounts[driver.CodeDir]; !ok || m.Type != "tmpfs" || !contains(m.Options, "uid=0") || !contains(m.Options, "mode=0755") {
+		t.Errorf("%s is not a root-owned tmpfs: %+v", driver.CodeDir, m)
+	}
 	for dest, size := range map[string]string{"/workspace": "size=67108864", "/tmp": "size=33554432"} {
 		m, ok := mounts[dest]
 		if !ok || m.Type != "tmpfs" {
@@ -92,9 +106,8 @@ func TestSpecSecurityBaseline(t *testing.T) {
 }
 
 func TestSpecRefusesBadPolicy(t *testing.T) {
-	ok := SpecPolicy{Args: []string{"true"}, UID: 1000, GID: 1000, Limits: testLimits()}
+	ok := SpecPolicy{UID: 1000, GID: 1000, Limits: testLimits()}
 	cases := map[string]func(*SpecPolicy){
-		"no command": func(p *SpecPolicy) { p.Args = nil },
 		"root uid":   func(p *SpecPolicy) { p.UID = 0 },
 		"root gid":   func(p *SpecPolicy) { p.GID = 0 },
 		"no memory":  func(p *SpecPolicy) { p.Limits.MemoryBytes = 0 },
@@ -113,10 +126,10 @@ func TestSpecRefusesBadPolicy(t *testing.T) {
 }
 
 func TestSpecDoesNotAliasPolicy(t *testing.T) {
-	p := SpecPolicy{Args: []string{"a"}, Env: []string{"X=1"}, UID: 1, GID: 1, Limits: testLimits()}
+	p := SpecPolicy{Env: []string{"X=1"}, UID: 1, GID: 1, Limits: testLimits()}
 	s, _ := Spec(p)
-	p.Args[0], p.Env[0] = "changed", "changed"
-	if s.Process.Args[0] != "a" || s.Process.Env[0] != "X=1" {
+	p.Env[0] = "changed"
+	if s.Process.Env[0] != "X=1" {
 		t.Error("spec shares slices with the policy")
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
@@ -170,22 +171,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 
 // RuntimeLimits turns configured limits (and a call's timeout, 0 for the
 // default) into the runtime's.
-func RuntimeLimits(l config.Limits, timeoutS int) runtime.Limits {
-	t := l.Timeout()
-	if timeoutS > 0 {
-		t = time.Duration(timeoutS) * time.Second
-	}
-	return runtime.Limits{
-		Timeout:        t,
-		MemoryBytes:    int64(l.MemoryMB) << 20,
-		CPUs:           l.CPUs,
-		Pids:           int64(l.Pids),
-		StdoutBytes:    l.StdoutBytes,
-		StderrBytes:    l.StderrBytes,
-		WorkspaceBytes: int64(l.WorkspaceMB) << 20,
-		TmpBytes:       int64(l.TmpMB) << 20,
-	}
-}
+func RuntimeLimits(l config.Limits, timeoutS int) runtime.Limits { return boot.RunLimits(l, timeoutS) }
 
 func infraResult(op string) *mcp.CallToolResult {
 	return mcp.NewToolResultError(fmt.Sprintf("The sandbox runtime failed (%s). This is a problem on the server, not in your code: the operator should run `airlock doctor` on the server host; details are in the server log.", op))

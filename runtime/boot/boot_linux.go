@@ -182,6 +182,9 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (runtime.
 		Concurrency: cfg.Limits.Concurrency,
 		Queue:       cfg.Limits.Queue,
 		QueueWait:   cfg.Limits.QueueWait(),
+		PoolSize:    cfg.Pool.Size,
+		PoolLimits:  RunLimits(cfg.Limits, 0),
+		PoolMaxIdle: cfg.Pool.MaxIdleAge,
 		Log:         log,
 	}, nil
 }
@@ -231,6 +234,7 @@ func DetectShim(ctx context.Context, o runtime.Options) (string, error) {
 func ProbeShim(ctx context.Context, o runtime.Options, shim string) error {
 	o.Shim = shim
 	o.Concurrency = 1
+	o.PoolSize = 0
 	m, err := runtime.NewContainerd(ctx, o)
 	if err != nil {
 		return err

@@ -31,10 +31,12 @@ const LocalPrefix = "airlock.local/"
 
 // Build builds the image described by r and imports it into containerd as
 // ref, unless containerd already holds ref with LabelRecipe equal to
-// r.Hash(); then it returns built=false without touching the disk.
+// r.ImageHash(); then it returns built=false without touching the disk.
 //
 // Files land in stateDir/images: rootfs-<hash> (the debootstrap tree, kept
-// so rebuilds skip the download) and sandbox-<hash>.tar (the OCI archive).
+// so rebuilds skip the download), layer-<hash>.tar.gz (its layer, kept so a
+// new driver skips re-compressing it) and sandbox-<image hash>.tar (the OCI
+// archive).
 func Build(ctx context.Context, client *containerd.Client, stateDir, ref string, r Recipe, log *slog.Logger) (built bool, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -42,7 +44,10 @@ func Build(ctx context.Context, client *containerd.Client, stateDir, ref string,
 	if r.Mirror == "" {
 		r.Mirror = HostMirror()
 	}
-	hash := r.Hash()
+	if len(r.Driver) == 0 {
+		return false, ErrNoDriver
+	}
+	hash := r.ImageHash()
 	if ok, err := cached(ctx, client, ref, hash); err != nil || ok {
 		return false, err
 	}
@@ -68,9 +73,18 @@ func Build(ctx context.Context, client *containerd.Client, stateDir, ref string,
 		if err != nil {
 			return false, err
 		}
+		// The big layer is kept by rootfs recipe: a new driver only adds a
+		// small layer of its own.
+		base := filepath.Join(dir, "layer-"+r.Hash()+".tar.gz")
+		if _, err := os.Stat(base); err != nil {
+			log.Info("writing rootfs layer", "path", base)
+			if err := writeCompressedLayerAtomic(rootfs, base); err != nil {
+				return false, fmt.Errorf("rootfs layer: %w", err)
+			}
+		}
 		log.Info("writing image archive", "path", archive)
 		t := time.Now()
-		if err := writeArchive(rootfs, archive, r); err != nil {
+		if err := writeArchive(base, archive, r); err != nil {
 			return false, fmt.Errorf("image archive: %w", err)
 		}
 		log.Info("image archive written", "took", time.Since(t).Round(time.Millisecond))

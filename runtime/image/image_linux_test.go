@@ -246,12 +246,12 @@ func TestBuildImport(t *testing.T) {
 	if spec.OS != "linux" || spec.Architecture != "amd64" || spec.Config.User != "1000:1000" || spec.Config.WorkingDir != "/workspace" {
 		t.Errorf("image config: %+v", spec)
 	}
-	if img.Labels()[LabelRecipe] != r.Hash() {
-		t.Errorf("label %s = %q, want %q", LabelRecipe, img.Labels()[LabelRecipe], r.Hash())
+	if img.Labels()[LabelRecipe] != r.ImageHash() {
+		t.Errorf("label %s = %q, want %q", LabelRecipe, img.Labels()[LabelRecipe], r.ImageHash())
 	}
 
 	// Re-import the archive under a second name, as `airlock image import` would.
-	archive := filepath.Join(stateDir, "images", "sandbox-"+r.Hash()+".tar")
+	archive := filepath.Join(stateDir, "images", "sandbox-"+r.ImageHash()+".tar")
 	names, err := Import(ctx, client, archive, LocalPrefix+"sandbox:copy")
 	if err != nil {
 		t.Fatal(err)

@@ -37,50 +37,47 @@ func imageConfig(r Recipe) *v1.ConfigFile {
 			},
 			User:       fmt.Sprintf("%d:%d", r.UID, r.GID),
 			WorkingDir: "/workspace",
-			Labels:     map[string]string{LabelRecipe: r.Hash()},
+			Labels:     map[string]string{LabelRecipe: r.ImageHash()},
 		},
 	}
 }
 
-// writeArchive writes an OCI image-layout tar of root to dst. It writes
-// dst.tmp and renames, so dst is always complete. The archive names no
-// image: one archive per recipe serves any ref, and Import tags it.
-func writeArchive(root, dst string, r Recipe) (err error) {
-	layerPath := dst + ".layer.tmp"
+// writeArchive writes an OCI image-layout tar to dst: the rootfs layer at
+// baseLayer (gzip) and a layer with r's driver. It writes dst.tmp and
+// renames, so dst is always complete. The archive names no image: one
+// archive per image hash serves any ref, and Import tags it.
+func writeArchive(baseLayer, dst string, r Recipe) (err error) {
+	driverPath := dst + ".driver.tmp"
 	tmp := dst + ".tmp"
 	defer func() {
-		os.Remove(layerPath)
+		os.Remove(driverPath)
 		if err != nil {
 			os.Remove(tmp)
 		}
 	}()
-
-	// Compress once to a file: the archive needs the layer's digest in a
-	// tar header before its bytes, and go-containerregistry would otherwise
-	// gzip the tree twice (once to hash, once to write).
-	if err := writeCompressedLayer(root, layerPath); err != nil {
-		return err
-	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(layerPath) },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return fmt.Errorf("layer: %w", err)
+	if err := writeDriverLayer(driverPath, r.Driver); err != nil {
+		return fmt.Errorf("driver layer: %w", err)
 	}
 	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	if img, err = mutate.ConfigFile(img, imageConfig(r)); err != nil {
 		return fmt.Errorf("image config: %w", err)
 	}
-	img, err = mutate.Append(img, mutate.Addendum{
-		Layer:     layer,
-		MediaType: types.OCILayer,
-		History: v1.History{
-			CreatedBy: fmt.Sprintf("airlock image build (debootstrap %s, recipe %s)", r.Suite, r.Hash()),
-			Created:   v1.Time{Time: time.Now().UTC().Truncate(time.Second)},
-		},
-	})
-	if err != nil {
-		return fmt.Errorf("append layer: %w", err)
+	created := v1.Time{Time: time.Now().UTC().Truncate(time.Second)}
+	for _, l := range []struct{ path, by string }{
+		{baseLayer, fmt.Sprintf("airlock image build (debootstrap %s, recipe %s)", r.Suite, r.Hash())},
+		{driverPath, fmt.Sprintf("airlock sandbox driver %s at %s", driverSum(r.Driver), DriverPath)},
+	} {
+		// The layers are gzipped once, to files: the archive needs each
+		// digest in a tar header before its bytes.
+		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return os.Open(l.path) },
+			tarball.WithMediaType(types.OCILayer))
+		if err != nil {
+			return fmt.Errorf("layer: %w", err)
+		}
+		if img, err = mutate.Append(img, mutate.Addendum{Layer: layer, MediaType: types.OCILayer, History: v1.History{CreatedBy: l.by, Created: created}}); err != nil {
+			return fmt.Errorf("append layer: %w", err)
+		}
 	}
 
 	f, err := os.Create(tmp)
@@ -102,6 +99,53 @@ func writeArchive(root, dst string, r Recipe) (err error) {
 		return fmt.Errorf("rename archive: %w", err)
 	}
 	return nil
+}
+
+// writeDriverLayer writes a gzipped layer holding the driver at DriverPath
+// and the empty code directory the runtime mounts a tmpfs on.
+func writeDriverLayer(path string, driver []byte) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	zw := gzip.NewWriter(f)
+	tw := tar.NewWriter(zw)
+	mtime := time.Unix(0, 0)
+	dirs := []string{"usr/", "usr/lib/", "usr/lib/airlock/", ".airlock/"}
+	for _, d := range dirs {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: d, Mode: 0o755, ModTime: mtime, Format: tar.FormatPAX}); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: DriverPath[1:], Mode: 0o755, Size: int64(len(driver)), ModTime: mtime, Format: tar.FormatPAX}); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := tw.Write(driver); err != nil {
+		f.Close()
+		return err
+	}
+	if err := tw.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := zw.Close(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writeCompressedLayerAtomic writes the layer of root to path via a
+// temporary file, so a crash never leaves a short layer behind.
+func writeCompressedLayerAtomic(root, path string) error {
+	tmp := path + ".tmp"
+	if err := writeCompressedLayer(root, tmp); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func writeCompressedLayer(root, path string) error {

@@ -57,6 +57,9 @@ type Recipe struct {
 	Packages []string
 	// UID and GID of the unprivileged "sandbox" user code runs as.
 	UID, GID int
+	// Driver is the sandbox driver binary placed at DriverPath, in a layer
+	// of its own, so a new driver does not mean a new debootstrap.
+	Driver []byte
 }
 
 // DefaultRecipe is the recipe for the default image, fetched from mirror
@@ -65,12 +68,14 @@ func DefaultRecipe(mirror string) Recipe {
 	if mirror == "" {
 		mirror = HostMirror()
 	}
+	driver, _ := Driver() // Build refuses a recipe without one, saying why
 	return Recipe{
 		Suite:    "bookworm",
 		Mirror:   mirror,
 		Packages: slices.Clone(DefaultPackages),
 		UID:      1000,
 		GID:      1000,
+		Driver:   driver,
 	}
 }
 
@@ -90,6 +95,16 @@ func (r Recipe) Hash() string {
 		GID      int      `json:"gid"`
 	}{RecipeVersion, r.Suite, pkgs, r.UID, r.GID})
 	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:16]
+}
+
+// ImageHash identifies the image: the rootfs recipe and the driver. It
+// labels the image and names its archive; Hash names the rootfs.
+func (r Recipe) ImageHash() string {
+	if len(r.Driver) == 0 {
+		return r.Hash()
+	}
+	sum := sha256.Sum256([]byte(r.Hash() + "+driver-" + driverSum(r.Driver)))
 	return hex.EncodeToString(sum[:])[:16]
 }
 

@@ -6,7 +6,7 @@ import { readFile } from 'node:fs/promises';
 import { after, before, describe, test } from 'node:test';
 import { performance } from 'node:perf_hooks';
 
-import { LIMITS, assertNoLeftovers, hostIPv4s, leftovers, marker, sleep, startServer, waitFor } from './lib.mjs';
+import { LIMITS, assertNoLeftovers, busySandboxes, hostIPv4s, marker, sleep, startServer, waitFor } from './lib.mjs';
 
 const MiB = 1 << 20;
 const MAX_TIMEOUT_S = 300; // limits.max_timeout_s default
@@ -420,8 +420,8 @@ print(json.dumps(res))
     assert.equal(ids.size, 50, 'run_ids are unique');
 
     await assertNoLeftovers({ instanceId: srv.instanceId, runIds: srv.runIds });
-    const own = await leftovers({ containerFilter: `labels."airlock.instance"==${srv.instanceId}` });
-    assert.deepEqual(own.containers, [], `containers labelled with this instance (${srv.instanceId})`);
+    const own = await busySandboxes(srv.instanceId, 3000);
+    assert.deepEqual(own, [], `sandboxes of this instance (${srv.instanceId}) besides its idle pool`);
   }));
 
   // 10
@@ -465,11 +465,11 @@ print(json.dumps(res))
   test('a run longer than 30 s completes, and its sandbox is removed', { timeout: 3 * 60_000 }, w(async (t) => {
     const r = await srv.shell('sleep 32; echo done', { timeout_s: 60 }, { timeoutMs: 120_000 });
     t.diagnostic(`took ${r.ms.toFixed(0)} ms`);
-    const own = await leftovers({ containerFilter: `labels."airlock.instance"==${srv.instanceId}` });
+    const own = await busySandboxes(srv.instanceId, 3000);
     assert.ok(r.sc, `no structuredContent; text: ${r.text}`);
     assertOK(r, 'sleep 32 with timeout_s 60');
     assert.equal(r.sc.stdout, 'done\n');
-    assert.deepEqual(own.containers, [], 'containers of this instance left after the call returned');
+    assert.deepEqual(own, [], 'sandboxes of this instance left 3 s after the call returned');
   }));
 
   test('code of exactly limits.code_bytes (1 MiB) runs', { timeout: 3 * 60_000 }, w(async (t) => {

@@ -255,11 +255,11 @@ export async function leftovers({ containerFilter } = {}) {
   return { containers, tasks, snapshots, mounts };
 }
 
-/** The airlock.instance label of a container, or null (also when it is gone). */
-async function containerInstance(id) {
+/** The labels of a container, or null when it is gone. */
+async function containerLabels(id) {
   try {
     const info = JSON.parse((await ctr('containers', 'info', id)).join('\n'));
-    return info.Labels?.['airlock.instance'] ?? null;
+    return info.Labels ?? {};
   } catch {
     return null;
   }
@@ -279,6 +279,26 @@ async function instanceAlive(id) {
 const isEmpty = (r) => Object.values(r).every((v) => v.length === 0);
 
 /**
+ * The sandboxes of an instance that are serving or left over: all its
+ * containers but the warm ones idle in its pool. With waitMs, waits that
+ * long for the list to empty (sandboxes are destroyed just after their call
+ * answers).
+ */
+export async function busySandboxes(instanceId, waitMs = 0) {
+  const list = async () => {
+    const out = [];
+    for (const id of await ctr('containers', 'ls', '-q', `labels."airlock.instance"==${instanceId}`)) {
+      const labels = await containerLabels(id);
+      if (labels && labels['airlock.pool'] !== 'idle') out.push(id);
+    }
+    return out;
+  };
+  let ids = await list();
+  if (ids.length && waitMs > 0) await waitFor(async () => (ids = await list()).length === 0, waitMs, 100);
+  return ids;
+}
+
+/**
  * What airlock left behind: containers, tasks and snapshots named
  * airlock-*, and mount lines naming one. The sandboxes of *other* live
  * airlock processes sharing this containerd (a developer running airlock by
@@ -289,8 +309,13 @@ export async function audit({ instanceId = null, runIds = [] } = {}) {
   const lo = await leftovers();
   const names = lo.containers.filter((c) => c.startsWith('airlock-'));
   const owner = {};
-  for (const id of names) owner[id] = await containerInstance(id);
   const excused = [];
+  for (const id of names) {
+    const labels = await containerLabels(id);
+    owner[id] = labels?.['airlock.instance'] ?? null;
+    // A warm sandbox waiting in a live instance's pool is not a leftover.
+    if (labels?.['airlock.pool'] === 'idle' && owner[id] && (await instanceAlive(owner[id]))) excused.push(id);
+  }
   for (const id of names) {
     if (owner[id] && owner[id] !== instanceId && (await instanceAlive(owner[id]))) excused.push(id);
   }
@@ -315,19 +340,24 @@ export async function audit({ instanceId = null, runIds = [] } = {}) {
 }
 
 /**
- * Asserts nothing is left behind: own leftovers must be absent at once
- * (teardown happens before a call returns); unexplained ones must clear
- * within graceMs (another process's sandbox may be half-made in a sample).
+ * Asserts nothing is left behind. A sandbox is destroyed just after its
+ * call answers, so its own leftovers must clear within ownMs; unexplained
+ * ones within graceMs (another process's sandbox may be half-made in a
+ * sample). Warm sandboxes idle in a live instance's pool are not leftovers.
  */
-export async function assertNoLeftovers(ctx, graceMs = 5000) {
+export async function assertNoLeftovers(ctx, graceMs = 5000, ownMs = 3000) {
   const first = await audit(ctx);
   let last = first;
   if (!isEmpty(first.all)) {
     await waitFor(async () => isEmpty((last = await audit(ctx)).all), graceMs, 250);
   }
-  if (!isEmpty(first.own) || !isEmpty(last.all)) {
-    throw new Error(`leftovers: own (first look): ${JSON.stringify(first.own)}; ` +
-      `unexplained after ${graceMs} ms: ${JSON.stringify(last.all)}; excused (live other instances): ${JSON.stringify(last.excused)}`);
+  let own = first;
+  if (!isEmpty(first.own)) {
+    await waitFor(async () => isEmpty((own = await audit(ctx)).own), ownMs, 100);
+  }
+  if (!isEmpty(own.own) || !isEmpty(last.all)) {
+    throw new Error(`leftovers: own after ${ownMs} ms: ${JSON.stringify(own.own)}; ` +
+      `unexplained after ${graceMs} ms: ${JSON.stringify(last.all)}; excused (pools, live other instances): ${JSON.stringify(last.excused)}`);
   }
 }
 
@@ -473,8 +503,8 @@ export async function callWith(client, name, args, opts = {}) {
   return { res, sc: res.structuredContent, text, isError: res.isError === true, ms: performance.now() - t0 };
 }
 
-/** Whether containerd still has the sandbox of run id. */
+/** Whether containerd still has the sandbox of run id (cold or warm). */
 export async function sandboxExists(runId) {
-  const ids = await ctr('containers', 'ls', '-q');
-  return ids.includes('airlock-' + runId);
+  const ids = await ctr('containers', 'ls', '-q', `labels."airlock.run"==${runId}`);
+  return ids.length > 0;
 }

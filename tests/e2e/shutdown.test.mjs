@@ -7,7 +7,7 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { after, describe, test } from 'node:test';
 
-import { STATE_DIR, assertNoLeftovers, ctr, leftovers, sleep, startServer, waitFor } from './lib.mjs';
+import { STATE_DIR, assertNoLeftovers, busySandboxes, ctr, leftovers, sleep, startServer, waitFor } from './lib.mjs';
 
 const EXIT_WITHIN_MS = 15_000;
 
@@ -64,7 +64,7 @@ describe('shutdown on client EOF', { timeout: 5 * 60_000 }, () => {
         (err) => ({ rejected: err }),
       );
       const running = await waitFor(async () => {
-        const c = await ctr('containers', 'ls', '-q', filter);
+        const c = await busySandboxes(srv.instanceId);
         const tasks = await ctr('tasks', 'ls', '-q');
         return c.length === 1 && tasks.includes(c[0]) ? c[0] : null;
       }, 30_000, 100);
@@ -83,7 +83,7 @@ describe('shutdown on client EOF', { timeout: 5 * 60_000 }, () => {
       const mine = await leftovers({ containerFilter: filter });
       assert.deepEqual(mine.containers, [], `containers labelled with the exited instance ${srv.instanceId}`);
       // The exited instance is dead: nothing of it is excused.
-      await assertNoLeftovers({ instanceId: srv.instanceId, runIds: [running.slice('airlock-'.length)] });
+      await assertNoLeftovers({ instanceId: srv.instanceId });
       const all = await leftovers();
       assert.ok(!all.tasks.includes(running), `task ${running} remains`);
       assert.ok(!all.snapshots.includes(running), `snapshot ${running} remains`);

@@ -1,0 +1,454 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+
+	"github.com/airlock-mcp/airlock/runtime/driver"
+	"github.com/airlock-mcp/airlock/runtime/network"
+)
+
+// sandbox is one gVisor sandbox whose init is the driver: created, started
+// and (for the pool) warmed ahead of its run, used once, destroyed.
+type sandbox struct {
+	m         *ContainerdManager
+	id        string // container and snapshot id: "airlock-" + sid
+	sid       string
+	container containerd.Container
+	task      containerd.Task
+	exited    chan struct{} // closed when the task has exited; status then set
+	status    containerd.ExitStatus
+	stdin     *io.PipeWriter
+	stdout    *io.PipeWriter
+	diag      *cappedBuffer // the driver's own stderr
+	att       *network.Attachment
+	log       *slog.Logger
+
+	hello  chan driver.Hello
+	frames chan frame
+	gone   chan struct{} // closed when the frame stream ends
+
+	mu        sync.Mutex
+	cleanups  []func(context.Context)
+	destroyed bool
+}
+
+type frame struct {
+	t byte
+	p []byte
+}
+
+// create makes and starts a sandbox with id "airlock-"+sid. A networked one
+// is attached to its network namespace before it starts (runsc reads the
+// namespace once). On error, everything acquired is released.
+func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim Limits) (s *sandbox, err error) {
+	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
+	id := "airlock-" + sid
+	s = &sandbox{m: m, id: id, sid: sid, log: m.o.Log.With("sandbox", id),
+		hello: make(chan driver.Hello, 1), frames: make(chan frame, 256), gone: make(chan struct{}), exited: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			s.destroy()
+		}
+	}()
+	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, Limits: lim, CgroupsPath: "/airlock/" + id}
+	runtimeOpts := m.runtimeOpts
+	var proxyEnv map[string]string
+	if networked {
+		att, err := m.o.Network.Attach(ctx, sid)
+		if err != nil {
+			return nil, infra("attach sandbox network", err)
+		}
+		s.att = att
+		s.onDestroy(func(cctx context.Context) {
+			if err := m.o.Network.Detach(cctx, att); err != nil {
+				s.log.Error("detach sandbox network", "err", err)
+			}
+		})
+		policy.NetNSPath = att.NetNSPath
+		proxyEnv = ProxyEnv(m.proxyURL(), len(m.o.CABundle) > 0)
+		runtimeOpts = m.netOpts
+	}
+	policy.Env = BuildEnv(m.o.Env, proxyEnv)
+	spec, err := Spec(policy)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: sid}
+	if preload {
+		labels[LabelPool] = "idle"
+	}
+	container, err := m.o.Client.NewContainer(ctx, id,
+		containerd.WithImage(m.o.Image),
+		containerd.WithSnapshotter(Snapshotter),
+		containerd.WithNewSnapshot(id, m.o.Image, snapshots.WithLabels(labels)),
+		containerd.WithRuntime(m.o.Shim, runtimeOpts),
+		containerd.WithSpec(spec),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		return nil, infra("create sandbox", err)
+	}
+	s.container = container
+	s.onDestroy(func(cctx context.Context) {
+		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Error("delete sandbox", "err", err)
+		}
+	})
+
+	stdinR, stdinW := io.Pipe()
+	stdoutR, stdoutW := io.Pipe()
+	s.stdin, s.stdout = stdinW, stdoutW
+	s.diag = newCappedBuffer(8<<10, nil)
+	s.onDestroy(func(context.Context) {
+		stdinW.Close()
+		stdoutW.Close()
+	})
+	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)))
+	if err != nil {
+		return nil, infra("create sandbox task", err)
+	}
+	s.task = task
+	// The exit wait has no deadline of its own: the run's timer bounds it.
+	exitCh, err := task.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		if _, derr := task.Delete(context.WithoutCancel(ctx)); derr != nil {
+			s.log.Error("delete sandbox task", "err", derr)
+		}
+		return nil, infra("wait for sandbox task", err)
+	}
+	go func() {
+		s.status = <-exitCh
+		close(s.exited)
+	}()
+	s.onDestroy(func(cctx context.Context) {
+		// A driver that reported its exit is about to end on its own; give
+		// it a moment, then make sure.
+		select {
+		case <-s.exited:
+		case <-time.After(2 * time.Second):
+			if err := task.Kill(cctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+				s.log.Warn("kill sandbox", "err", err)
+			}
+			select {
+			case <-s.exited:
+			case <-cctx.Done():
+				s.log.Error("sandbox did not stop after SIGKILL")
+			}
+		}
+		if _, err := task.Delete(cctx); err != nil && !errdefs.IsNotFound(err) {
+			s.log.Error("delete sandbox task", "err", err)
+		}
+		task.IO().Close()
+	})
+	go s.decode(stdoutR)
+	if err := task.Start(ctx); err != nil {
+		return nil, infra("start sandbox", err)
+	}
+	return s, nil
+}
+
+// onDestroy adds a cleanup step; steps run in reverse order.
+func (s *sandbox) onDestroy(f func(context.Context)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cleanups = append(s.cleanups, f)
+}
+
+// decode reads the driver's frames until the stream ends.
+func (s *sandbox) decode(r io.Reader) {
+	defer close(s.gone)
+	fr := driver.NewReader(r)
+	for {
+		t, p, err := fr.Next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+				s.log.Warn("driver stream", "err", err)
+			}
+			return
+		}
+		if t == driver.FrameHello {
+			var h driver.Hello
+			_ = json.Unmarshal(p, &h)
+			select {
+			case s.hello <- h:
+			default:
+			}
+			continue
+		}
+		s.frames <- frame{t, p}
+	}
+}
+
+// waitHello waits for the driver's first frame.
+func (s *sandbox) waitHello(ctx context.Context) (driver.Hello, error) {
+	select {
+	case h := <-s.hello:
+		return h, nil
+	case <-s.gone:
+		return driver.Hello{}, fmt.Errorf("sandbox ended before its driver was ready: %s", s.diagText())
+	case <-ctx.Done():
+		return driver.Hello{}, ctx.Err()
+	}
+}
+
+func (s *sandbox) diagText() string {
+	d, _ := s.diag.Result()
+	return d
+}
+
+// run sends the work and collects its output until the driver reports the
+// exit, the timeout passes (the sandbox is killed), or ctx ends.
+func (s *sandbox) run(ctx context.Context, req Request, files map[string][]byte) (Result, error) {
+	res := Result{RunID: req.RunID}
+	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace})
+	if err != nil {
+		return res, err
+	}
+	stdout := newCappedBuffer(req.Limits.StdoutBytes, tap(req.Output, Stdout))
+	stderr := newCappedBuffer(req.Limits.StderrBytes, tap(req.Output, Stderr))
+	start := time.Now()
+	go func() {
+		// Fails only when the sandbox is gone, which the loop sees too.
+		_ = driver.NewWriter(s.stdin).Write(driver.FrameWork, payload)
+	}()
+	timer := time.NewTimer(req.Limits.Timeout)
+	defer timer.Stop()
+
+	var exit *driver.Exit
+	var killedBy string
+	take := func(f frame) {
+		switch f.t {
+		case driver.FrameStdout:
+			_, _ = stdout.Write(f.p)
+		case driver.FrameStderr:
+			_, _ = stderr.Write(f.p)
+		case driver.FrameExit:
+			var e driver.Exit
+			if json.Unmarshal(f.p, &e) == nil {
+				exit = &e
+			}
+		}
+	}
+loop:
+	for exit == nil {
+		select {
+		case f := <-s.frames:
+			take(f)
+		case <-s.gone:
+			// The stream ended: whatever frames are left, then the end.
+			s.drainFrames(take)
+			break loop
+		case <-timer.C:
+			killedBy = ReasonTimeout
+			break loop
+		case <-ctx.Done():
+			killedBy = "cancelled"
+			break loop
+		}
+	}
+	res.Duration = time.Since(start)
+	if req.Trace && exit != nil {
+		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
+		for k, v := range exit.Timings {
+			res.Timings["driver."+k] = v
+		}
+	}
+
+	var status containerd.ExitStatus
+	if exit == nil {
+		// SIGKILL the whole sandbox: SIGTERM can be ignored, and a child that
+		// escaped the init process's group must not survive it.
+		kctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), s.m.o.Namespace), cleanupTimeout)
+		defer cancel()
+		if killedBy != "" {
+			if err := s.task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+				s.log.Warn("kill sandbox", "err", err)
+			}
+		}
+		select {
+		case <-s.exited:
+			status = s.status
+		case <-kctx.Done():
+			return res, infra("sandbox did not stop after SIGKILL", kctx.Err())
+		}
+		// Output that arrived before the end is kept.
+		s.drainFrames(take)
+	}
+	res.Stdout, res.StdoutTruncated = stdout.Result()
+	res.Stderr, res.StderrTruncated = stderr.Result()
+	if res.StdoutTruncated {
+		res.Stdout += fmt.Sprintf(TruncationMarker, req.Limits.StdoutBytes)
+	}
+	if res.StderrTruncated {
+		res.Stderr += fmt.Sprintf(TruncationMarker, req.Limits.StderrBytes)
+	}
+	switch {
+	case killedBy == ReasonTimeout:
+		if d := s.diagText(); d != "" {
+			s.log.Warn("run timed out; the driver said", "stderr", d)
+		}
+		res.TimedOut, res.Reason = true, ReasonTimeout
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		return res, nil
+	case killedBy != "":
+		return res, ctx.Err()
+	case exit != nil && exit.Error != "":
+		return res, infra("start code in sandbox", errors.New(exit.Error))
+	case exit != nil:
+		res.ExitCode = exit.Code
+	default:
+		// The sandbox ended without the driver saying how the code did:
+		// killed from outside (out of memory), or the driver failed.
+		code, _, werr := status.Result()
+		if werr != nil {
+			return res, infra("sandbox exit status", werr)
+		}
+		if !s.m.waitOOM(s.id, 500*time.Millisecond) {
+			return res, infra("sandbox ended unexpectedly", fmt.Errorf("exit %d: %s", code, s.diagText()))
+		}
+		res.ExitCode = int(code)
+		if res.ExitCode == 0 {
+			res.ExitCode = 128 + int(syscall.SIGKILL)
+		}
+		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
+		return res, nil
+	}
+	// A kill by signal 9 may be the memory limit; its event can trail the exit.
+	if res.ExitCode == 128+int(syscall.SIGKILL) && s.m.waitOOM(s.id, 300*time.Millisecond) {
+		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
+		return res, nil
+	}
+	switch {
+	case res.Truncated():
+		res.Reason = ReasonOutputCapped
+	case res.ExitCode > 128:
+		res.Reason = ReasonSignal
+	}
+	return res, nil
+}
+
+// drainFrames hands take the frames already received.
+func (s *sandbox) drainFrames(take func(frame)) {
+	for {
+		select {
+		case f := <-s.frames:
+			take(f)
+		default:
+			return
+		}
+	}
+}
+
+// destroy releases everything the sandbox holds, in reverse order, once;
+// it runs even when the caller has given up.
+func (s *sandbox) destroy() {
+	s.mu.Lock()
+	if s.destroyed {
+		s.mu.Unlock()
+		return
+	}
+	s.destroyed = true
+	cleanups := s.cleanups
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), s.m.o.Namespace), cleanupTimeout)
+	defer cancel()
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i](ctx)
+	}
+}
+
+// Run implements Manager: it takes a warm sandbox from the pool when one
+// fits, or makes a cold one; runs the code; answers; and destroys the
+// sandbox after answering, holding the run's slot until it is gone.
+func (m *ContainerdManager) Run(ctx context.Context, req Request) (Result, error) {
+	if req.RunID == "" {
+		req.RunID = NewRunID()
+	}
+	res := Result{RunID: req.RunID}
+	if req.Language != Python && req.Language != Shell {
+		return res, fmt.Errorf("unknown language %q", req.Language)
+	}
+	networked := req.Egress != nil
+	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
+		return res, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
+	}
+	release, err := m.admission.Acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	log := m.o.Log.With("run", req.RunID)
+	start := time.Now()
+	var s *sandbox
+	if m.pool != nil && m.pool.fits(req.Limits) {
+		s = m.pool.take(ctx, networked, req.RunID)
+	}
+	warm := s != nil
+	if s == nil {
+		s, err = m.create(ctx, req.RunID, false, networked, req.Limits)
+		if err != nil {
+			release()
+			return res, err
+		}
+	}
+	m.teardowns.Add(1)
+	defer func() {
+		go func() {
+			defer m.teardowns.Done()
+			defer release()
+			s.destroy()
+		}()
+	}()
+	startRun := time.Now()
+	var files map[string][]byte
+	if networked {
+		unregister := m.o.Proxy.Register(s.att.IP, req.RunID, *req.Egress)
+		s.onDestroy(func(context.Context) { unregister() })
+		files = ProxyFiles(m.proxyURL(), m.o.CABundle)
+	}
+	res, err = s.run(ctx, req, files)
+	res.Warm = warm
+	if res.Timings != nil {
+		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
+	}
+	if networked {
+		res.EgressDenied = m.o.Proxy.Denials(req.RunID)
+	}
+	log.Info("run finished", "lang", req.Language, "warm", warm, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
+	return res, err
+}
+
+func (m *ContainerdManager) proxyURL() string {
+	if m.o.Network == nil {
+		return ""
+	}
+	return fmt.Sprintf("http://%s:%d", m.o.Network.Config().Gateway(), m.o.ProxyPort)
+}
+
+// waitOOM reports whether containerd said the sandbox ran out of memory,
+// waiting up to d for the event.
+func (m *ContainerdManager) waitOOM(id string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if m.takeOOM(id) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
