@@ -1,5 +1,5 @@
 # The README's two commands are `sudo make serve` and `sudo make test`.
-.PHONY: serve test build unit deps image
+.PHONY: serve test build unit deps image bench
 
 serve:
 	@bash scripts/serve.sh
@@ -19,3 +19,7 @@ image: build
 # Unit tests only: no containerd needed.
 unit:
 	go test -short ./config ./tools ./server
+
+# The benchmark (about half an hour on 2 cores): bench-results/*.md, .json, .png.
+bench:
+	@bash scripts/bench.sh

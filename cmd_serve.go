@@ -54,7 +54,8 @@ func (a *app) serveStdio(cmd *cobra.Command) error {
 		defer closeHandlers()
 		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
 		s := server.New(version, h)
-		return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), a.log)
+		workers := a.cfg.Limits.Concurrency + a.cfg.Limits.Queue + 8
+		return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), workers, a.log)
 	})
 }
 

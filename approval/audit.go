@@ -52,7 +52,9 @@ type Record struct {
 	Outcome string `json:"outcome"`
 	// ExitCode is nil when the code did not run (denied, infrastructure
 	// failure), so a denial never reads as exit status 0.
-	ExitCode    *int   `json:"exit_code"`
+	ExitCode *int `json:"exit_code"`
+	// Warm says the run had a sandbox from the warm pool.
+	Warm        bool   `json:"warm"`
 	DurationMS  int64  `json:"duration_ms"`
 	StdoutBytes int64  `json:"stdout_bytes"`
 	StderrBytes int64  `json:"stderr_bytes"`

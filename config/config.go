@@ -49,6 +49,8 @@ type PoolConfig struct {
 	Size int `mapstructure:"size"`
 	// MaxIdleAge retires a warm sandbox that waited this long.
 	MaxIdleAge time.Duration `mapstructure:"max_idle_age"`
+	// Preload are the Python modules a warm sandbox has imported already.
+	Preload []string `mapstructure:"preload"`
 }
 
 // ServerConfig is how airlock serves MCP over the network and to local
@@ -257,7 +259,7 @@ func Defaults() Config {
 			Console: ConsoleConfig{Listen: "127.0.0.1:8766"},
 		},
 		Audit: AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
-		Pool:  PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute},
+		Pool:  PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
 		Server: ServerConfig{
 			Listen:           "127.0.0.1:8765",
 			Socket:           "/run/airlock/airlock.sock",
@@ -323,6 +325,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
 	v.SetDefault("pool.size", d.Pool.Size)
 	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
+	v.SetDefault("pool.preload", d.Pool.Preload)
 	v.SetDefault("server.listen", d.Server.Listen)
 	v.SetDefault("server.socket", d.Server.Socket)
 	v.SetDefault("server.socket_group", d.Server.SocketGroup)
@@ -397,6 +400,7 @@ func (c Config) Validate() error {
 		{l.PerClientRunsPerMinute >= 1, "limits.per_client_runs_per_minute must be at least 1"},
 		{c.Pool.Size >= 0, "pool.size must not be negative (0 turns the pool off)"},
 		{c.Pool.MaxIdleAge >= time.Second, "pool.max_idle_age must be at least 1s (write it with a unit: 10m)"},
+		{validModules(c.Pool.Preload), "pool.preload must list Python module names (numpy, pandas, matplotlib.pyplot)"},
 		{c.Server.ShutdownGrace >= 0, "server.shutdown_grace must not be negative (write it with a unit: 30s)"},
 		{c.Server.ProgressInterval >= 10*time.Millisecond, "server.progress_interval must be at least 10ms (write it with a unit: 250ms)"},
 		{(c.TLS.Cert == "") == (c.TLS.Key == ""), "tls.cert and tls.key must be set together"},
@@ -439,6 +443,20 @@ func (l Limits) Timeout() time.Duration { return time.Duration(l.TimeoutS) * tim
 // ContainerdSocket is where the embedded daemon listens.
 func (c Config) ContainerdSocket() string {
 	return c.StateDir + "/containerd/containerd.sock"
+}
+
+func validModules(ms []string) bool {
+	for _, m := range ms {
+		if m == "" {
+			return false
+		}
+		for _, r := range m {
+			if !(r == '_' || r == '.' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func isSHA256Hex(s string) bool {

@@ -29,7 +29,7 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || c.Approval.Console != d.Approval.Console || c.Audit != d.Audit ||
 		c.Server.Listen != d.Server.Listen || c.Server.Socket != d.Server.Socket || c.Server.ShutdownGrace != d.Server.ShutdownGrace ||
 		c.Server.ProgressInterval != d.Server.ProgressInterval || c.TLS != d.TLS || c.Auth.TokenFile != d.Auth.TokenFile || c.Auth.AllowUnauthenticated ||
-		c.Pool != d.Pool {
+		c.Pool.Size != d.Pool.Size || c.Pool.MaxIdleAge != d.Pool.MaxIdleAge || strings.Join(c.Pool.Preload, ",") != strings.Join(d.Pool.Preload, ",") {
 		t.Errorf("config.yaml = %+v\ndefaults    = %+v", c, d)
 	}
 }

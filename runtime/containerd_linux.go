@@ -34,8 +34,8 @@ const (
 const (
 	LabelInstance = "airlock.instance"
 	LabelRun      = "airlock.run"
-	// LabelPool is "idle" on a warm sandbox waiting in the pool and
-	// "taken" once a run has it.
+	// LabelPool is "warming" on a pooled sandbox being made ready, "idle"
+	// once it waits in the pool, and "taken" once a run has it.
 	LabelPool = "airlock.pool"
 )
 
@@ -76,6 +76,8 @@ type Options struct {
 	PoolSize    int
 	PoolLimits  Limits
 	PoolMaxIdle time.Duration
+	// PoolPreload are the Python modules a warm sandbox has imported.
+	PoolPreload []string
 }
 
 // ContainerdManager runs each request in a new gVisor sandbox via containerd.

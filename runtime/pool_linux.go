@@ -196,6 +196,10 @@ func (p *Pool) warmOne(networked bool) error {
 		p.retire(s)
 		return err
 	}
+	if _, err := s.container.SetLabels(namespaces.WithNamespace(ctx, p.m.o.Namespace), map[string]string{LabelPool: "idle"}); err != nil {
+		p.retire(s)
+		return err
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.stopped {

@@ -44,6 +44,15 @@ type sandbox struct {
 	mu        sync.Mutex
 	cleanups  []func(context.Context)
 	destroyed bool
+
+	// created and steps time the making of the sandbox, for Trace.
+	created time.Time
+	steps   map[string]float64
+}
+
+// step records how long the making of the sandbox has taken so far.
+func (s *sandbox) step(name string) {
+	s.steps[name] = float64(time.Since(s.created).Microseconds()) / 1000
 }
 
 type frame struct {
@@ -54,17 +63,24 @@ type frame struct {
 // create makes and starts a sandbox with id "airlock-"+sid. A networked one
 // is attached to its network namespace before it starts (runsc reads the
 // namespace once). On error, everything acquired is released.
-func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim Limits) (s *sandbox, err error) {
+func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim Limits) (_ *sandbox, err error) {
 	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
 	id := "airlock-" + sid
-	s = &sandbox{m: m, id: id, sid: sid, log: m.o.Log.With("sandbox", id),
-		hello: make(chan driver.Hello, 1), frames: make(chan frame, 256), gone: make(chan struct{}), exited: make(chan struct{})}
+	s := &sandbox{m: m, id: id, sid: sid, log: m.o.Log.With("sandbox", id),
+		hello: make(chan driver.Hello, 1), frames: make(chan frame, 256), gone: make(chan struct{}), exited: make(chan struct{}),
+		created: time.Now(), steps: map[string]float64{}}
 	defer func() {
+		// Whatever was acquired goes, in reverse order.
 		if err != nil {
 			s.destroy()
 		}
 	}()
-	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, Limits: lim, CgroupsPath: "/airlock/" + id}
+	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, PreloadModules: m.o.PoolPreload, Limits: lim, CgroupsPath: "/airlock/" + id}
+	if m.o.Shim == ShimRunc {
+		// One shim process for all of this instance's sandboxes: each
+		// would otherwise cost its own ~10 MiB.
+		policy.ShimGroup = "airlock-" + m.o.InstanceID
+	}
 	runtimeOpts := m.runtimeOpts
 	var proxyEnv map[string]string
 	if networked {
@@ -89,7 +105,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	}
 	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: sid}
 	if preload {
-		labels[LabelPool] = "idle"
+		labels[LabelPool] = "warming"
 	}
 	container, err := m.o.Client.NewContainer(ctx, id,
 		containerd.WithImage(m.o.Image),
@@ -102,6 +118,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	if err != nil {
 		return nil, infra("create sandbox", err)
 	}
+	s.step("container")
 	s.container = container
 	s.onDestroy(func(cctx context.Context) {
 		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
@@ -121,6 +138,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	if err != nil {
 		return nil, infra("create sandbox task", err)
 	}
+	s.step("task")
 	s.task = task
 	// The exit wait has no deadline of its own: the run's timer bounds it.
 	exitCh, err := task.Wait(context.WithoutCancel(ctx))
@@ -158,6 +176,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	if err := task.Start(ctx); err != nil {
 		return nil, infra("start sandbox", err)
 	}
+	s.step("started")
 	return s, nil
 }
 
@@ -423,6 +442,11 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (Result, error
 	res.Warm = warm
 	if res.Timings != nil {
 		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
+		if !warm {
+			for k, v := range s.steps {
+				res.Timings["create."+k] = v
+			}
+		}
 	}
 	if networked {
 		res.EgressDenied = m.o.Proxy.Denials(req.RunID)

@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -14,15 +15,24 @@ type SpecPolicy struct {
 	Env []string
 	// UID and GID are the code's user; the driver starts the code as them.
 	UID, GID uint32
-	// Preload starts the driver's warm Python worker (pooled sandboxes).
-	Preload     bool
-	Limits      Limits
-	Hostname    string
-	CgroupsPath string
+	// Preload starts the driver's warm Python worker (pooled sandboxes),
+	// importing PreloadModules.
+	Preload        bool
+	PreloadModules []string
+	Limits         Limits
+	Hostname       string
+	CgroupsPath    string
 	// NetNSPath joins a prepared network namespace (egress runs); empty
 	// creates a new, empty one (loopback only).
 	NetNSPath string
+	// ShimGroup, when set, lets containerd's runc shim serve every sandbox
+	// of the group from one process instead of one process each.
+	ShimGroup string
 }
+
+// ShimGroupAnnotation is the spec annotation containerd's runc shim groups
+// containers by.
+const ShimGroupAnnotation = "io.containerd.runc.v2.group"
 
 // cpuPeriod is the CFS period the CPU quota is expressed in (100 ms).
 const cpuPeriod = 100000
@@ -38,10 +48,10 @@ const codeDirBytes = 64 << 20
 var driverCaps = []string{"CAP_KILL", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID"}
 
 // DriverArgs is the command line of the sandbox's init.
-func DriverArgs(uid, gid uint32, preload bool) []string {
+func DriverArgs(uid, gid uint32, preload bool, modules []string) []string {
 	args := []string{driver.Path, "--uid", strconv.FormatUint(uint64(uid), 10), "--gid", strconv.FormatUint(uint64(gid), 10)}
 	if preload {
-		args = append(args, "--preload")
+		args = append(args, "--preload", "--preload-modules="+strings.Join(modules, ","))
 	}
 	return args
 }
@@ -72,14 +82,15 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 	hostPids := HostPidsLimit(l.Pids)
 
 	s := &specs.Spec{
-		Version:  specs.Version,
-		Hostname: hostname,
-		Root:     &specs.Root{Path: "rootfs", Readonly: true},
+		Version:     specs.Version,
+		Hostname:    hostname,
+		Annotations: map[string]string{},
+		Root:        &specs.Root{Path: "rootfs", Readonly: true},
 		Process: &specs.Process{
 			// The driver is root inside gVisor's kernel, never on the host;
 			// the code it starts is p.UID with no capabilities.
 			User: specs.User{UID: 0, GID: 0},
-			Args: DriverArgs(p.UID, p.GID, p.Preload),
+			Args: DriverArgs(p.UID, p.GID, p.Preload, p.PreloadModules),
 			Env:  append([]string(nil), p.Env...),
 			Cwd:  "/workspace",
 			// Explicit sets, not nil: nil would leave the runtime's defaults.
@@ -138,6 +149,9 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 				"/proc/sys", "/proc/sysrq-trigger",
 			},
 		},
+	}
+	if p.ShimGroup != "" {
+		s.Annotations[ShimGroupAnnotation] = p.ShimGroup
 	}
 	return s, nil
 }

@@ -41,7 +41,7 @@ func TestSpecSecurityBaseline(t *testing.T) {
 			t.Errorf("%s capabilities = %v, want an explicit empty set", name, set)
 		}
 	}
-	if pre, _ := Spec(SpecPolicy{UID: 1000, GID: 1000, Preload: true, Limits: testLimits()}); !contains(pre.Process.Args, "--preload") {
+	if pre, _ := Spec(SpecPolicy{UID: 1000, GID: 1000, Preload: true, PreloadModules: []string{"numpy", "pandas"}, Limits: testLimits()}); !contains(pre.Process.Args, "--preload") || !contains(pre.Process.Args, "--preload-modules=numpy,pandas") {
 		t.Errorf("a pooled sandbox's driver does not preload: %v", pre.Process.Args)
 	}
 	if p.Cwd != "/workspace" {

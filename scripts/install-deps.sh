@@ -11,7 +11,8 @@ GVISOR_VERSION="v0.0.0-20260905035102-160fafc42237"
 BIN_DIR="${AIRLOCK_BIN_DIR:-/usr/local/bin}"
 STAMP_DIR="${AIRLOCK_STAMP_DIR:-/usr/local/lib/airlock/stamps}"
 # python3: Debian's /usr/bin/python3 serves the tests' own test hosts.
-APT_PACKAGES=(containernetworking-plugins nftables iptables iproute2 debootstrap ca-certificates python3)
+# runc: the benchmark compares gVisor with a plain runc container.
+APT_PACKAGES=(containernetworking-plugins nftables iptables iproute2 debootstrap ca-certificates python3 runc)
 
 log() { echo "install-deps: $*" >&2; }
 

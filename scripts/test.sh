@@ -38,6 +38,9 @@ step "sandbox image"
 step "go test"
 go test -count=1 -timeout 20m ./...
 
+step "benchmark smoke (every mode works; numbers not asserted)"
+./bin/airlock bench --smoke --log-level warn --out "$(mktemp -d)" >/dev/null
+
 step "end-to-end (TypeScript MCP SDK over stdio; approval console in Chromium)"
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && AIRLOCK_BIN="$PWD/../../bin/airlock" node --test --test-concurrency=1)
 

@@ -37,8 +37,11 @@ func New(version string, h *tools.Handlers) *server.MCPServer {
 // ServeStdio serves s on in/out until in closes or ctx ends. Every call is
 // attributed to caller: a stdio server has exactly one client, the process
 // that started it.
-func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, caller tools.Caller, logger *slog.Logger) error {
+func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, caller tools.Caller, workers int, logger *slog.Logger) error {
 	stdio := server.NewStdioServer(s)
+	// Calls are served by a fixed set of workers: enough for every sandbox
+	// and queued call, with room for list_runs and cancel_run besides.
+	server.WithWorkerPoolSize(workers)(stdio)
 	stdio.SetErrorLogger(log.New(&slogWriter{logger}, "", 0))
 	stdio.SetContextFunc(func(ctx context.Context) context.Context { return tools.WithCaller(ctx, caller) })
 	err := stdio.Listen(ctx, in, out)

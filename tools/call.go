@@ -173,6 +173,7 @@ func (c *call) noteRun(out runtime.Result, err error, res *mcp.CallToolResult) {
 		c.rec.StdoutBytes, c.rec.StderrBytes = int64(len(out.Stdout)), int64(len(out.Stderr))
 		c.rec.Truncated = out.Truncated()
 		c.rec.LimitHit = out.Reason
+		c.rec.Warm = out.Warm
 		for _, d := range out.EgressDenied {
 			c.rec.EgressDenied = append(c.rec.EgressDenied, fmt.Sprintf("%s:%d (%s)", d.Host, d.Port, d.Reason))
 		}

@@ -185,6 +185,7 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (runtime.
 		PoolSize:    cfg.Pool.Size,
 		PoolLimits:  RunLimits(cfg.Limits, 0),
 		PoolMaxIdle: cfg.Pool.MaxIdleAge,
+		PoolPreload: cfg.Pool.Preload,
 		Log:         log,
 	}, nil
 }

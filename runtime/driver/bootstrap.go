@@ -89,13 +89,16 @@ _airlock_main()
 // PythonBootstrap is what a cold sandbox runs with python3 -c.
 const PythonBootstrap = pythonRun
 
-// pythonWorker is the warm form: it imports numpy and pandas, says so on
-// fd 4, and waits on fd 3 until the code is in place; then it runs it
-// exactly as PythonBootstrap does. fd 3 is closed before the code runs;
-// fd 4 stays for the exit report, as in a cold run.
+// pythonWorker is the warm form: it imports the modules named in its
+// arguments (numpy and pandas by default), says so on fd 4, and waits on
+// fd 3 until the code is in place; then it runs it exactly as
+// PythonBootstrap does. fd 3 is closed before the code runs; fd 4 stays for
+// the exit report, as in a cold run.
 const pythonWorker = `import os as _os
 def _airlock_preload():
-    import numpy, pandas
+    import importlib, sys
+    for m in sys.argv[1:]:
+        importlib.import_module(m)
 _airlock_preload()
 del _airlock_preload
 _os.write(4, b"ready\n")

@@ -66,7 +66,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	uid := fs.Int("uid", 1000, "user the code runs as")
 	gid := fs.Int("gid", 1000, "group the code runs as")
-	preload := fs.Bool("preload", false, "start a Python worker with numpy and pandas imported before the work arrives")
+	preload := fs.Bool("preload", false, "start a Python worker before the work arrives")
+	modules := fs.String("preload-modules", "numpy,pandas", "modules the worker imports, comma-separated")
 	codeDir := fs.String("code-dir", CodeDir, "where the code is written")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -86,7 +87,13 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	hello := Hello{Version: Version}
 	if *preload {
-		w, err := d.startWorker()
+		var mods []string
+		for _, m := range strings.Split(*modules, ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				mods = append(mods, m)
+			}
+		}
+		w, err := d.startWorker(mods)
 		if err != nil {
 			hello.PreloadError = err.Error()
 		} else {
@@ -176,7 +183,7 @@ type worker struct {
 
 // startWorker starts the warm Python worker and waits until it has
 // imported what it preloads.
-func (d *driver) startWorker() (*worker, error) {
+func (d *driver) startWorker(modules []string) (*worker, error) {
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -189,7 +196,7 @@ func (d *driver) startWorker() (*worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	proc, err := d.start([]string{Python, "-c", pythonWorker}, outW, errW, ctlR, resW)
+	proc, err := d.start(append([]string{Python, "-c", pythonWorker}, modules...), outW, errW, ctlR, resW)
 	ctlR.Close()
 	resW.Close()
 	outW.Close()

@@ -52,8 +52,8 @@ const Version = 1
 // Hello is the driver's first frame.
 type Hello struct {
 	Version int `json:"version"`
-	// Preloaded says a Python worker with numpy and pandas imported is
-	// waiting for code.
+	// Preloaded says a Python worker, its modules imported, is waiting for
+	// code.
 	Preloaded bool `json:"preloaded"`
 	// PreloadError says why a requested preload failed, if it did.
 	PreloadError string `json:"preload_error,omitempty"`

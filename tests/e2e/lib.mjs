@@ -289,7 +289,7 @@ export async function busySandboxes(instanceId, waitMs = 0) {
     const out = [];
     for (const id of await ctr('containers', 'ls', '-q', `labels."airlock.instance"==${instanceId}`)) {
       const labels = await containerLabels(id);
-      if (labels && labels['airlock.pool'] !== 'idle') out.push(id);
+      if (labels && !['idle', 'warming'].includes(labels['airlock.pool'])) out.push(id);
     }
     return out;
   };
@@ -313,8 +313,8 @@ export async function audit({ instanceId = null, runIds = [] } = {}) {
   for (const id of names) {
     const labels = await containerLabels(id);
     owner[id] = labels?.['airlock.instance'] ?? null;
-    // A warm sandbox waiting in a live instance's pool is not a leftover.
-    if (labels?.['airlock.pool'] === 'idle' && owner[id] && (await instanceAlive(owner[id]))) excused.push(id);
+    // A warm sandbox waiting (or warming) in a live instance's pool is not a leftover.
+    if (['idle', 'warming'].includes(labels?.['airlock.pool']) && owner[id] && (await instanceAlive(owner[id]))) excused.push(id);
   }
   for (const id of names) {
     if (owner[id] && owner[id] !== instanceId && (await instanceAlive(owner[id]))) excused.push(id);

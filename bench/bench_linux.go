@@ -1,0 +1,347 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/boot"
+	"github.com/airlock-mcp/airlock/runtime/image"
+)
+
+// Modes, in the order rows are reported.
+const (
+	ModeNative  = "native"
+	ModeRunc    = "runc"
+	ModeCold    = "gvisor-cold"
+	ModeWarm    = "gvisor-warm"
+	ModeMCPCold = "mcp-cold"
+	ModeMCPWarm = "mcp-warm"
+)
+
+// AllModes are every mode, floor first.
+var AllModes = []string{ModeNative, ModeRunc, ModeCold, ModeWarm, ModeMCPCold, ModeMCPWarm}
+
+// Options say what to measure.
+type Options struct {
+	Modes       []string `json:"modes"`
+	Programs    string   `json:"programs"`
+	Concurrency []int    `json:"concurrency"`
+	// Iterations is how many runs are timed per row, and again how many
+	// the throughput phase runs.
+	Iterations int `json:"iterations"`
+	// IdleSandboxes is how many warm sandboxes the memory measurement
+	// holds at once.
+	IdleSandboxes int `json:"idle_sandboxes"`
+	// Binary is the airlock executable the MCP modes start.
+	Binary string       `json:"-"`
+	Log    *slog.Logger `json:"-"`
+}
+
+// Report is everything one benchmark run found.
+type Report struct {
+	Started  time.Time `json:"started"`
+	Took     string    `json:"took"`
+	Machine  Machine   `json:"machine"`
+	Options  Options   `json:"options"`
+	ComputeN int       `json:"compute_loop_n"`
+	Results  []Result  `json:"results"`
+	// Memory of idle pooled sandboxes: with the default preload, and with
+	// none, to show what the preloaded modules cost.
+	Memory  []Memory `json:"memory,omitempty"`
+	Targets []Target `json:"targets"`
+}
+
+// Machine says where the numbers were taken.
+type Machine struct {
+	Cores    int    `json:"cores"`
+	CPU      string `json:"cpu"`
+	Kernel   string `json:"kernel"`
+	MemTotal string `json:"mem_total"`
+	Go       string `json:"go"`
+	Shim     string `json:"shim"`
+	Image    string `json:"image"`
+	Python   string `json:"native_python"`
+}
+
+// Run measures every mode in o on stack s.
+func Run(ctx context.Context, s *boot.Stack, o Options) (*Report, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	rep := &Report{Started: time.Now().UTC(), Options: o, Machine: machine(s)}
+	rootfs := filepath.Join(s.Config.StateDir, "images", "rootfs-"+image.DefaultRecipe("").Hash())
+	if _, err := os.Stat(filepath.Join(rootfs, "usr/bin/python3")); err != nil {
+		return nil, fmt.Errorf("the image's unpacked rootfs is missing (%s): run `airlock image build`", rootfs)
+	}
+	rep.Machine.Python = "chroot " + rootfs + " /usr/bin/python3"
+	n, err := calibrate(ctx, rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("calibrate the compute loop: %w", err)
+	}
+	rep.ComputeN = n
+	progs, err := Select(Programs(n), o.Programs)
+	if err != nil {
+		return nil, err
+	}
+	maxC := slices.Max(o.Concurrency)
+	for _, mode := range o.Modes {
+		r, err := newRunner(ctx, s, mode, rootfs, maxC, o)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", mode, err)
+		}
+		for _, p := range progs {
+			for _, c := range o.Concurrency {
+				res := measure(ctx, r, mode, p, c, o.Iterations)
+				o.Log.Info("bench", "mode", mode, "program", p.Name, "concurrency", c, "p50_ms", res.P50, "p95_ms", res.P95,
+					"throughput", fmt.Sprintf("%.2f/s", res.Throughput), "cpu_per_run_ms", res.CPUPerRun, "warm", res.WarmFraction, "errors", res.Errors)
+				rep.Results = append(rep.Results, res)
+				if ctx.Err() != nil {
+					r.Close()
+					return nil, ctx.Err()
+				}
+			}
+		}
+		r.Close()
+	}
+	if o.IdleSandboxes > 0 {
+		for _, preload := range [][]string{s.Config.Pool.Preload, {}} {
+			mem, err := measureIdle(ctx, s, o.IdleSandboxes, preload)
+			if err != nil {
+				o.Log.Warn("memory of idle sandboxes not measured", "preload", preload, "err", err)
+				continue
+			}
+			o.Log.Info("bench memory", "preload", preload, "pss_mib", mem.PerSandboxPSS, "idle", mem.Idle)
+			rep.Memory = append(rep.Memory, mem)
+		}
+	}
+	rep.Targets = targets(rep)
+	rep.Took = time.Since(rep.Started).Round(time.Second).String()
+	return rep, nil
+}
+
+// measure times one row: a latency phase of rounds of c simultaneous runs
+// (warm modes start each round with c warm sandboxes ready), then a
+// throughput phase of c workers running back to back, whose CPU is counted
+// until the pool has refilled.
+func measure(ctx context.Context, r Runner, mode string, p Program, c, iterations int) Result {
+	res := Result{Mode: mode, Program: p.Name, Concurrency: c}
+	var mu sync.Mutex
+	var lat []time.Duration
+	warm := 0
+	record := func(s Sample, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			res.Errors++
+			if res.FirstError == "" {
+				res.FirstError = err.Error()
+			}
+			return
+		}
+		lat = append(lat, s.Latency)
+		if s.Warm {
+			warm++
+		}
+	}
+	for len(lat)+res.Errors < iterations && ctx.Err() == nil {
+		if err := r.Ready(ctx, c); err != nil {
+			record(Sample{}, err)
+			continue
+		}
+		var wg sync.WaitGroup
+		for range c {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				record(r.Run(ctx, p))
+			}()
+		}
+		wg.Wait()
+	}
+	summarize(&res, lat)
+	if len(lat) > 0 {
+		res.WarmFraction = float64(warm) / float64(len(lat))
+	}
+
+	// Throughput: c workers share iterations runs.
+	_ = r.Ready(ctx, c)
+	t0, errT := cpuTicks()
+	start := time.Now()
+	var next, done int
+	var wg sync.WaitGroup
+	for range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next >= iterations {
+					mu.Unlock()
+					return
+				}
+				next++
+				mu.Unlock()
+				if _, err := r.Run(ctx, p); err == nil {
+					mu.Lock()
+					done++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	// What the runs cost includes putting the pool back as it was.
+	_ = r.Ready(ctx, c)
+	t1, errT1 := cpuTicks()
+	if done > 0 && errT == nil && errT1 == nil {
+		res.Throughput = float64(done) / wall.Seconds()
+		res.CPUPerRun = float64(t1-t0) / ticksPerSecond * 1000 / float64(done)
+		if res.CPUPerRun > 0 {
+			limit := float64(goruntime.NumCPU()) / (res.CPUPerRun / 1000)
+			res.Efficiency = res.Throughput / limit
+		}
+	}
+	return res
+}
+
+// newRunner makes the runner of a mode; cold and warm runners get room for
+// maxC runs at once, and warm ones a pool of maxC.
+func newRunner(ctx context.Context, s *boot.Stack, mode, rootfs string, maxC int, o Options) (Runner, error) {
+	switch mode {
+	case ModeNative:
+		return &native{rootfs: rootfs}, nil
+	case ModeRunc:
+		if _, err := exec.LookPath("runc"); err != nil {
+			return nil, errors.New("runc is not installed (scripts/install-deps.sh --bench installs Debian's)")
+		}
+		ctx = namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace)
+		img, err := s.Client.GetImage(ctx, s.Config.Image)
+		if err != nil {
+			return nil, err
+		}
+		fifo := runtime.FIFODir(s.Config.StateDir, s.Instance.ID)
+		if err := os.MkdirAll(fifo, 0o700); err != nil {
+			return nil, err
+		}
+		return &runcRunner{client: s.Client, namespace: s.Config.Containerd.Namespace, image: img,
+			limits: boot.RunLimits(s.Config.Limits, 0), fifoDir: fifo, instance: s.Instance.ID}, nil
+	case ModeCold, ModeWarm:
+		pool := 0
+		if mode == ModeWarm {
+			pool = maxC
+		}
+		m, lim, err := newManager(ctx, s, pool, maxC, s.Config.Pool.Preload)
+		if err != nil {
+			return nil, err
+		}
+		return &manager{m: m, limits: lim}, nil
+	case ModeMCPCold, ModeMCPWarm:
+		pool := 0
+		var ready func(context.Context, string, int) error
+		if mode == ModeMCPWarm {
+			pool = maxC
+			ready = func(ctx context.Context, instance string, n int) error {
+				// As for gvisor-warm: n warm sandboxes waiting, and the last
+				// round's sandboxes torn down.
+				for {
+					ids, err := idleIDs(ctx, s, instance)
+					if err != nil {
+						return err
+					}
+					busy, err := takenIDs(ctx, s, instance)
+					if err != nil {
+						return err
+					}
+					if len(ids) >= n && len(busy) == 0 {
+						return nil
+					}
+					select {
+					case <-ctx.Done():
+						return ctx.Err()
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+			}
+		}
+		return newMCPRunner(ctx, o.Binary, s.Config.StateDir, pool, maxC, ready)
+	default:
+		return nil, fmt.Errorf("unknown mode %q (modes: %s)", mode, strings.Join(AllModes, ", "))
+	}
+}
+
+// newManager starts a sandbox manager of its own on the stack's containerd.
+func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, preload []string) (*runtime.ContainerdManager, runtime.Limits, error) {
+	nctx := namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace)
+	img, err := s.Client.GetImage(nctx, s.Config.Image)
+	if err != nil {
+		return nil, runtime.Limits{}, err
+	}
+	o, err := s.ManagerOptions(img, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, runtime.Limits{}, err
+	}
+	lim := boot.RunLimits(s.Config.Limits, 0)
+	o.Shim = s.Shim
+	o.Concurrency, o.Queue, o.QueueWait = concurrency, concurrency, time.Minute
+	o.PoolSize, o.PoolLimits, o.PoolMaxIdle, o.PoolPreload = pool, lim, time.Hour, preload
+	m, err := runtime.NewContainerd(nctx, o)
+	return m, lim, err
+}
+
+// calibrate finds the loop count that takes about 200 ms natively.
+func calibrate(ctx context.Context, rootfs string) (int, error) {
+	n := &native{rootfs: rootfs}
+	const probe = 1_000_000
+	p := Program{Name: "calibrate", Lang: "python", Code: computeCode(probe), Want: computeWant(probe)}
+	best := time.Duration(1 << 62)
+	for range 3 {
+		s, err := n.Run(ctx, p)
+		if err != nil {
+			return 0, err
+		}
+		best = min(best, s.Latency)
+	}
+	base, err := n.Run(ctx, Program{Name: "print", Lang: "python", Code: "print(1)", Want: "1\n"})
+	if err != nil {
+		return 0, err
+	}
+	loop := best - base.Latency
+	if loop <= 0 {
+		loop = best
+	}
+	return int(float64(probe) * float64(200*time.Millisecond) / float64(loop)), nil
+}
+
+func machine(s *boot.Stack) Machine {
+	m := Machine{Cores: goruntime.NumCPU(), Go: goruntime.Version(), Shim: s.Shim, Image: s.Config.Image}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		l, _, _ := strings.Cut(string(b), "\n")
+		m.MemTotal = strings.Join(strings.Fields(l)[1:], " ")
+	}
+	return m
+}

@@ -1,0 +1,66 @@
+package bench
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentile(t *testing.T) {
+	var lat []time.Duration
+	for i := 1; i <= 100; i++ {
+		lat = append(lat, time.Duration(i)*time.Millisecond)
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50 * time.Millisecond}, {95, 95 * time.Millisecond}, {99, 99 * time.Millisecond}, {100, 100 * time.Millisecond}} {
+		if got := percentile(lat, c.p); got != c.want {
+			t.Errorf("p%v = %v, want %v", c.p, got, c.want)
+		}
+	}
+	var r Result
+	summarize(&r, []time.Duration{3 * time.Millisecond, time.Millisecond, 2 * time.Millisecond})
+	if r.N != 3 || r.P50 != 2 || r.P99 != 3 || r.Mean != 2 {
+		t.Errorf("summary = %+v", r)
+	}
+}
+
+func TestComputeWantMatchesPython(t *testing.T) {
+	// sum(i*i for i in range(10)) = 285
+	if got := computeWant(10); got != "285\n" {
+		t.Errorf("computeWant(10) = %q", got)
+	}
+}
+
+func TestTargetsAndReport(t *testing.T) {
+	r := &Report{Machine: Machine{Cores: 2}, Options: Options{Iterations: 5}, Results: []Result{
+		{Mode: ModeNative, Program: "print", Concurrency: 1, N: 5, P50: 10},
+		{Mode: ModeMCPWarm, Program: "print", Concurrency: 1, N: 5, P50: 25},
+		{Mode: ModeWarm, Program: "print", Concurrency: 1, N: 5, P50: 20},
+		{Mode: ModeWarm, Program: "pandas", Concurrency: 1, N: 5, P50: 40},
+		{Mode: ModeWarm, Program: "print", Concurrency: 4, N: 5, P50: 30, Throughput: 3, CPUPerRun: 600, Efficiency: 0.9},
+	}, Memory: []Memory{{Preload: []string{"numpy"}, Idle: 8, PerSandboxPSS: 50, ByKind: map[string]float64{}}}}
+	ts := targets(r)
+	want := map[string]bool{"warm end to end vs native": true, "pandas vs print, warm": false, "throughput at concurrency 4": true, "idle pooled sandbox memory": false}
+	for _, tg := range ts {
+		if w, ok := want[tg.Name]; ok && tg.Met != w {
+			t.Errorf("%s met = %v, want %v (%s)", tg.Name, tg.Met, w, tg.Measured)
+		}
+		if tg.Name == "cold gVisor vs runc" && tg.Missing == "" {
+			t.Error("a target without its modes must say so")
+		}
+	}
+	r.Targets = ts
+	md := r.Markdown()
+	for _, s := range []string{"| gvisor-warm | pandas | 1 | 40.0 |", "2.50× (mcp-warm ÷ native", "preloading [numpy]"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("markdown lacks %q:\n%s", s, md)
+		}
+	}
+	files, err := r.Write(t.TempDir(), "x")
+	if err != nil || len(files) != 3 || filepath.Ext(files[2]) != ".png" {
+		t.Fatalf("Write = %v, %v", files, err)
+	}
+}

@@ -1,0 +1,129 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Target is one of the issue's goals, checked against this run.
+type Target struct {
+	Name     string  `json:"name"`
+	Goal     string  `json:"goal"`
+	Measured string  `json:"measured"`
+	Ratio    float64 `json:"ratio,omitempty"`
+	Met      bool    `json:"met"`
+	// Missing says why it could not be checked (a mode not run).
+	Missing string `json:"missing,omitempty"`
+}
+
+// find returns the row of mode/program at concurrency c.
+func (r *Report) find(mode, program string, c int) *Result {
+	for i := range r.Results {
+		x := &r.Results[i]
+		if x.Mode == mode && x.Program == program && x.Concurrency == c && x.N > 0 {
+			return x
+		}
+	}
+	return nil
+}
+
+func targets(r *Report) []Target {
+	ratio := func(name, goal string, limit float64, a, b *Result, what string) Target {
+		t := Target{Name: name, Goal: goal}
+		if a == nil || b == nil {
+			t.Missing = "a mode or program it compares was not run"
+			return t
+		}
+		t.Ratio = a.P50 / b.P50
+		t.Measured = fmt.Sprintf("%.1f ms / %.1f ms = %.2f× (%s)", a.P50, b.P50, t.Ratio, what)
+		t.Met = t.Ratio <= limit
+		return t
+	}
+	out := []Target{
+		ratio("warm end to end vs native", "warm pool through MCP, print(1) p50 ≤ 3× native", 3,
+			r.find(ModeMCPWarm, "print", 1), r.find(ModeNative, "print", 1), "mcp-warm ÷ native, print, c=1"),
+		ratio("pandas vs print, warm", "warm pool, pandas + small DataFrame op p50 ≤ 1.5× warm print(1)", 1.5,
+			r.find(ModeWarm, "pandas", 1), r.find(ModeWarm, "print", 1), "gvisor-warm pandas ÷ print, c=1"),
+		ratio("cold gVisor vs runc", "cold gVisor p50 ≤ 1.5× runc cold", 1.5,
+			r.find(ModeCold, "print", 1), r.find(ModeRunc, "print", 1), "gvisor-cold ÷ runc, print, c=1"),
+	}
+	tp := Target{Name: "throughput at concurrency 4", Goal: "warm pool throughput at c=4 ≥ 80% of cores ÷ CPU per run (refills included)"}
+	if x := r.find(ModeWarm, "print", 4); x != nil && x.CPUPerRun > 0 {
+		tp.Ratio = x.Efficiency
+		tp.Measured = fmt.Sprintf("%.2f runs/s at %.0f ms CPU per run on %d cores: %.0f%% of the CPU-bound %.2f runs/s",
+			x.Throughput, x.CPUPerRun, r.Machine.Cores, 100*x.Efficiency, x.Throughput/x.Efficiency)
+		tp.Met = x.Efficiency >= 0.8
+	} else {
+		tp.Missing = "gvisor-warm at concurrency 4 was not run"
+	}
+	mem := Target{Name: "idle pooled sandbox memory", Goal: "≤ 45 MiB PSS per idle pooled sandbox, 8 idle"}
+	if len(r.Memory) > 0 {
+		m := r.Memory[0]
+		mem.Ratio = m.PerSandboxPSS / 45
+		mem.Measured = fmt.Sprintf("%.1f MiB PSS per sandbox with %d idle, preloading %v (shim %.1f, sentry %.1f, gofer %.1f)",
+			m.PerSandboxPSS, m.Idle, m.Preload, m.ByKind["shim"], m.ByKind["sentry"], m.ByKind["gofer"])
+		mem.Met = m.PerSandboxPSS <= 45 && m.Idle >= 8
+	} else {
+		mem.Missing = "memory was not measured"
+	}
+	return append(out, tp, mem)
+}
+
+// Markdown is the report as tables a README can hold.
+func (r *Report) Markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Measured %s on %d cores (%s), Linux %s, %s; %s; shim %s; %d runs per row (and as many again for throughput); compute loop n=%d.\n\n",
+		r.Started.Format("2006-01-02"), r.Machine.Cores, r.Machine.CPU, r.Machine.Kernel, r.Machine.MemTotal, r.Machine.Go, r.Machine.Shim, r.Options.Iterations, r.ComputeN)
+	b.WriteString("| mode | program | c | p50 ms | p95 ms | p99 ms | runs/s | CPU ms/run | warm | errors |\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, x := range r.Results {
+		fmt.Fprintf(&b, "| %s | %s | %d | %.1f | %.1f | %.1f | %.2f | %.0f | %.0f%% | %d |\n",
+			x.Mode, x.Program, x.Concurrency, x.P50, x.P95, x.P99, x.Throughput, x.CPUPerRun, 100*x.WarmFraction, x.Errors)
+	}
+	for _, m := range r.Memory {
+		fmt.Fprintf(&b, "\nIdle pooled sandboxes preloading %v: %d at once, %.1f MiB PSS each (%.1f MiB RSS): shim %.1f, sentry and stubs %.1f, gofer %.1f; %d host processes.\n",
+			m.Preload, m.Idle, m.PerSandboxPSS, m.PerSandboxRSS, m.ByKind["shim"], m.ByKind["sentry"], m.ByKind["gofer"], m.Processes)
+	}
+	b.WriteString("\n| target | goal | measured | met |\n| --- | --- | --- | --- |\n")
+	for _, t := range r.Targets {
+		met := "no"
+		switch {
+		case t.Missing != "":
+			met, t.Measured = "—", t.Missing
+		case t.Met:
+			met = "yes"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Name, t.Goal, t.Measured, met)
+	}
+	for _, x := range r.Results {
+		if x.FirstError != "" {
+			fmt.Fprintf(&b, "\nFirst error of %s/%s/c=%d: %s\n", x.Mode, x.Program, x.Concurrency, x.FirstError)
+		}
+	}
+	return b.String()
+}
+
+// Write saves the report as name.json, name.md and name.png in dir.
+func (r *Report) Write(dir, name string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	base := filepath.Join(dir, name)
+	j, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(base+".json", append(j, '\n'), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(base+".md", []byte(r.Markdown()), 0o644); err != nil {
+		return nil, err
+	}
+	if err := r.Chart(base + ".png"); err != nil {
+		return nil, err
+	}
+	return []string{base + ".md", base + ".json", base + ".png"}, nil
+}

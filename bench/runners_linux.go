@@ -1,0 +1,325 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/mcp"
+
+	"github.com/airlock-mcp/airlock/runtime"
+)
+
+// Runner runs one program once and says how long it took as its caller
+// sees it.
+type Runner interface {
+	Run(ctx context.Context, p Program) (Sample, error)
+	// Ready waits until n runs could start warm (a no-op for modes without
+	// a pool).
+	Ready(ctx context.Context, n int) error
+	Close()
+}
+
+// Sample is one measured run.
+type Sample struct {
+	Latency time.Duration
+	Warm    bool
+}
+
+// checkOutput fails a run whose output is not what the program prints.
+func checkOutput(p Program, stdout string, exit int) error {
+	if exit != 0 || stdout != p.Want {
+		return fmt.Errorf("%s: exit %d, stdout %q, want %q", p.Name, exit, clip(stdout), p.Want)
+	}
+	return nil
+}
+
+func clip(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
+}
+
+// sandboxEnv is what the native and runc modes run with, as the sandbox
+// would.
+func sandboxEnv() []string {
+	return runtime.BuildEnv()
+}
+
+// native runs the image's own interpreter from the unpacked rootfs with
+// chroot, as uid 1000: the floor every sandbox is compared with.
+type native struct {
+	rootfs string
+}
+
+func (n *native) Run(ctx context.Context, p Program) (Sample, error) {
+	argv := []string{"/usr/bin/python3", "-c", p.Code}
+	if p.Lang == "shell" {
+		argv = []string{"/bin/bash", "-c", p.Code}
+	}
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = sandboxEnv()
+	cmd.Dir = "/workspace"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: n.rootfs, Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	start := time.Now()
+	err := cmd.Run()
+	lat := time.Since(start)
+	code := 0
+	if err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			return Sample{}, err
+		}
+		code = ee.ExitCode()
+	}
+	return Sample{Latency: lat}, checkOutput(p, out.String(), code)
+}
+
+func (n *native) Ready(context.Context, int) error { return nil }
+func (n *native) Close()                           {}
+
+// manager runs through airlock's runtime: cold (no pool) or warm.
+type manager struct {
+	m      *runtime.ContainerdManager
+	limits runtime.Limits
+}
+
+func (r *manager) Run(ctx context.Context, p Program) (Sample, error) {
+	start := time.Now()
+	res, err := r.m.Run(ctx, runtime.Request{Language: runtime.Language(p.Lang), Code: p.Code, Limits: r.limits})
+	lat := time.Since(start)
+	if err != nil {
+		return Sample{}, err
+	}
+	return Sample{Latency: lat, Warm: res.Warm}, checkOutput(p, res.Stdout, res.ExitCode)
+}
+
+func (r *manager) Ready(ctx context.Context, n int) error {
+	pool := r.m.Pool()
+	if pool == nil {
+		r.m.WaitTeardowns()
+		return nil
+	}
+	for {
+		if ready, _ := pool.Ready(); ready >= n {
+			// Let the machine settle: teardowns of the last round run too.
+			r.m.WaitTeardowns()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (r *manager) Close() { _ = r.m.Close(context.Background()) }
+
+// runcRunner starts a runc container from the same image through the same
+// containerd, running the interpreter directly: what most sandboxes built
+// on containers do.
+type runcRunner struct {
+	client    *containerd.Client
+	namespace string
+	image     containerd.Image
+	limits    runtime.Limits
+	fifoDir   string
+	instance  string
+}
+
+func (r *runcRunner) Run(ctx context.Context, p Program) (Sample, error) {
+	ctx = namespaces.WithNamespace(ctx, r.namespace)
+	id := "airlock-bench-runc-" + runtime.NewRunID()
+	argv := []string{"/usr/bin/python3", "-c", p.Code}
+	if p.Lang == "shell" {
+		argv = []string{"/bin/bash", "-c", p.Code}
+	}
+	spec, err := runtime.Spec(runtime.SpecPolicy{UID: 1000, GID: 1000, Limits: r.limits, Env: sandboxEnv(), CgroupsPath: "/airlock/" + id})
+	if err != nil {
+		return Sample{}, err
+	}
+	// The plain program as uid 1000, no capabilities: no driver here.
+	spec.Process.Args = argv
+	spec.Process.User.UID, spec.Process.User.GID = 1000, 1000
+	spec.Process.Capabilities.Bounding = []string{}
+	spec.Process.Capabilities.Effective = []string{}
+	spec.Process.Capabilities.Permitted = []string{}
+	labels := map[string]string{runtime.LabelInstance: r.instance}
+	start := time.Now()
+	c, err := r.client.NewContainer(ctx, id,
+		containerd.WithImage(r.image),
+		containerd.WithSnapshotter(runtime.Snapshotter),
+		containerd.WithNewSnapshot(id, r.image, snapshots.WithLabels(labels)),
+		containerd.WithRuntime("io.containerd.runc.v2", nil),
+		containerd.WithSpec(spec),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		return Sample{}, err
+	}
+	defer func() { _ = c.Delete(context.WithoutCancel(ctx), containerd.WithSnapshotCleanup) }()
+	var out, errOut bytes.Buffer
+	task, err := c.NewTask(ctx, cio.NewCreator(cio.WithStreams(nil, &out, &errOut), cio.WithFIFODir(r.fifoDir)))
+	if err != nil {
+		return Sample{}, err
+	}
+	defer func() {
+		if _, err := task.Delete(context.WithoutCancel(ctx)); err != nil && !errdefs.IsNotFound(err) {
+			_ = task.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+			_, _ = task.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill)
+		}
+	}()
+	exitCh, err := task.Wait(ctx)
+	if err != nil {
+		return Sample{}, err
+	}
+	if err := task.Start(ctx); err != nil {
+		return Sample{}, err
+	}
+	st := <-exitCh
+	task.IO().Wait()
+	lat := time.Since(start)
+	code, _, _ := st.Result()
+	return Sample{Latency: lat}, checkOutput(p, out.String(), int(code))
+}
+
+func (r *runcRunner) Ready(context.Context, int) error { return nil }
+func (r *runcRunner) Close()                           {}
+
+// mcpRunner calls the tools of a real `airlock serve --transport stdio`
+// through mcp-go's client, as an MCP client sees them.
+type mcpRunner struct {
+	c        *client.Client
+	dir      string
+	instance string
+	ready    func(ctx context.Context, instance string, n int) error
+}
+
+func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurrency int, ready func(context.Context, string, int) error) (*mcpRunner, error) {
+	dir, err := os.MkdirTemp("", "airlock-bench-mcp-")
+	if err != nil {
+		return nil, err
+	}
+	before := instances(stateDir)
+	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: warn}\npool: {size: %d}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
+		strconv.Quote(stateDir), poolSize, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
+	cfgPath := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	c, err := client.NewStdioMCPClient(bin, []string{"PATH=" + os.Getenv("PATH")}, "serve", "--transport", "stdio", "--config", cfgPath)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	var init mcp.InitializeRequest
+	init.Params.ProtocolVersion = mcp.ProtocolVersion20251125
+	init.Params.ClientInfo = mcp.Implementation{Name: "airlock-bench", Version: "1"}
+	ictx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	if _, err := c.Initialize(ictx, init); err != nil {
+		c.Close()
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("initialize airlock over stdio: %w", err)
+	}
+	r := &mcpRunner{c: c, dir: dir, ready: ready}
+	// The server is the instance that registered while it started.
+	for id := range instances(stateDir) {
+		if !before[id] {
+			r.instance = id
+		}
+	}
+	return r, nil
+}
+
+// instances are the ids of the instance lock files under stateDir.
+func instances(stateDir string) map[string]bool {
+	out := map[string]bool{}
+	entries, _ := os.ReadDir(filepath.Join(stateDir, "instances"))
+	for _, e := range entries {
+		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+func (r *mcpRunner) Run(ctx context.Context, p Program) (Sample, error) {
+	tool, key := "run_python", "code"
+	if p.Lang == "shell" {
+		tool, key = "run_shell", "command"
+	}
+	var req mcp.CallToolRequest
+	req.Params.Name = tool
+	req.Params.Arguments = map[string]any{key: p.Code}
+	start := time.Now()
+	res, err := r.c.CallTool(ctx, req)
+	lat := time.Since(start)
+	if err != nil {
+		return Sample{}, err
+	}
+	if res.IsError {
+		var b strings.Builder
+		for _, c := range res.Content {
+			if tc, ok := c.(mcp.TextContent); ok {
+				b.WriteString(tc.Text)
+			}
+		}
+		return Sample{}, fmt.Errorf("%s: %s", p.Name, clip(b.String()))
+	}
+	sc, _ := res.StructuredContent.(map[string]any)
+	stdout, _ := sc["stdout"].(string)
+	runID, _ := sc["run_id"].(string)
+	return Sample{Latency: lat, Warm: r.wasWarm(runID)}, checkOutput(p, stdout, 0)
+}
+
+// wasWarm looks the run up in the server's audit log, which says whether
+// it had a warm sandbox (read after the timing).
+func (r *mcpRunner) wasWarm(runID string) bool {
+	b, err := os.ReadFile(filepath.Join(r.dir, "audit.jsonl"))
+	if err != nil {
+		return false
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		var rec struct {
+			ID   string `json:"id"`
+			Warm bool   `json:"warm"`
+		}
+		if json.Unmarshal([]byte(lines[i]), &rec) == nil && rec.ID == runID {
+			return rec.Warm
+		}
+	}
+	return false
+}
+
+func (r *mcpRunner) Ready(ctx context.Context, n int) error {
+	if r.ready == nil {
+		return nil
+	}
+	return r.ready(ctx, r.instance, n)
+}
+
+func (r *mcpRunner) Close() {
+	r.c.Close()
+	os.RemoveAll(r.dir)
+}
