@@ -89,7 +89,9 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			Tokens: tokens, AllowUnauthenticated: cfg.Auth.AllowUnauthenticated,
 			AllowedOrigins: cfg.Server.AllowedOrigins,
 			Ready:          stack.Ready,
-			Log:            a.log,
+			// A write_file of the largest file, base64-encoded, must fit.
+			MaxBody: max(8<<20, int64(cfg.Files.MaxFileMB)<<20*4/3+1<<20),
+			Log:     a.log,
 		})
 		if err != nil {
 			return err

@@ -23,6 +23,7 @@ func (a *app) handlers(ctx context.Context, s *boot.Stack) (*tools.Handlers, fun
 		Manager: s.Manager, Limits: cfg.Limits, Log: a.log,
 		Egress: s.Egress, DefaultNetwork: cfg.Network.Mode,
 		AuditCode: cfg.Audit.IncludeCode,
+		Sessions:  cfg.Sessions, Files: cfg.Files, Rich: cfg.Rich,
 	}
 	var closers []func()
 	closeAll := func() {

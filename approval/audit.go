@@ -25,7 +25,10 @@ type Record struct {
 	Transport string    `json:"transport"`
 	Tool      string    `json:"tool"`
 	// Session is the stateful session the call ran in, if any.
-	Session    string `json:"session,omitempty"`
+	Session string `json:"session,omitempty"`
+	// Path is the file a write_file call wrote; for it, the code fields
+	// describe the file's content.
+	Path       string `json:"path,omitempty"`
 	CodeSHA256 string `json:"code_sha256"`
 	CodeBytes  int    `json:"code_bytes"`
 	Code       string `json:"code,omitempty"`
@@ -74,6 +77,9 @@ const (
 	OutcomeCancelled     = "cancelled"
 	OutcomeInfra         = "infrastructure_error"
 	OutcomeAuditDisabled = "audit_unavailable"
+	// OutcomeFileError: a write_file the sandbox refused (a bad path, a
+	// full workspace).
+	OutcomeFileError = "file_error"
 )
 
 // Audit is an append-only JSON-lines log with size-based rotation. It is

@@ -38,6 +38,9 @@ type Config struct {
 	Approval   ApprovalConfig   `mapstructure:"approval"`
 	Audit      AuditConfig      `mapstructure:"audit"`
 	Pool       PoolConfig       `mapstructure:"pool"`
+	Sessions   SessionsConfig   `mapstructure:"sessions"`
+	Files      FilesConfig      `mapstructure:"files"`
+	Rich       RichConfig       `mapstructure:"rich"`
 	Server     ServerConfig     `mapstructure:"server"`
 	TLS        TLSConfig        `mapstructure:"tls"`
 	Auth       AuthConfig       `mapstructure:"auth"`
@@ -51,6 +54,33 @@ type PoolConfig struct {
 	MaxIdleAge time.Duration `mapstructure:"max_idle_age"`
 	// Preload are the Python modules a warm sandbox has imported already.
 	Preload []string `mapstructure:"preload"`
+}
+
+// SessionsConfig bounds stateful sessions.
+type SessionsConfig struct {
+	// IdleTimeout ends a session nobody used for this long; a session may
+	// ask for less.
+	IdleTimeout time.Duration `mapstructure:"idle_timeout"`
+	// MaxLifetime ends a session this long after it began.
+	MaxLifetime time.Duration `mapstructure:"max_lifetime"`
+	PerClient   int           `mapstructure:"per_client"`
+	Max         int           `mapstructure:"max"`
+}
+
+// FilesConfig bounds write_file and read_file; the workspace as a whole is
+// bounded by limits.workspace_mb.
+type FilesConfig struct {
+	MaxFileMB int `mapstructure:"max_file_mb"`
+}
+
+// RichConfig bounds what a Python run returns besides its output.
+type RichConfig struct {
+	DisplayKB    int `mapstructure:"display_kb"`
+	MaxImages    int `mapstructure:"max_images"`
+	ImageKB      int `mapstructure:"image_kb"`
+	MaxFiles     int `mapstructure:"max_files"`
+	EmbedKB      int `mapstructure:"embed_kb"`
+	EmbedTotalKB int `mapstructure:"embed_total_kb"`
 }
 
 // ServerConfig is how airlock serves MCP over the network and to local
@@ -258,8 +288,11 @@ func Defaults() Config {
 			Timeout: 120 * time.Second,
 			Console: ConsoleConfig{Listen: "127.0.0.1:8766"},
 		},
-		Audit: AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
-		Pool:  PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
+		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
+		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
+		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16},
+		Files:    FilesConfig{MaxFileMB: 8},
+		Rich:     RichConfig{DisplayKB: 64, MaxImages: 4, ImageKB: 1024, MaxFiles: 100, EmbedKB: 64, EmbedTotalKB: 256},
 		Server: ServerConfig{
 			Listen:           "127.0.0.1:8765",
 			Socket:           "/run/airlock/airlock.sock",
@@ -326,6 +359,17 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("pool.size", d.Pool.Size)
 	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
 	v.SetDefault("pool.preload", d.Pool.Preload)
+	v.SetDefault("sessions.idle_timeout", d.Sessions.IdleTimeout)
+	v.SetDefault("sessions.max_lifetime", d.Sessions.MaxLifetime)
+	v.SetDefault("sessions.per_client", d.Sessions.PerClient)
+	v.SetDefault("sessions.max", d.Sessions.Max)
+	v.SetDefault("files.max_file_mb", d.Files.MaxFileMB)
+	v.SetDefault("rich.display_kb", d.Rich.DisplayKB)
+	v.SetDefault("rich.max_images", d.Rich.MaxImages)
+	v.SetDefault("rich.image_kb", d.Rich.ImageKB)
+	v.SetDefault("rich.max_files", d.Rich.MaxFiles)
+	v.SetDefault("rich.embed_kb", d.Rich.EmbedKB)
+	v.SetDefault("rich.embed_total_kb", d.Rich.EmbedTotalKB)
 	v.SetDefault("server.listen", d.Server.Listen)
 	v.SetDefault("server.socket", d.Server.Socket)
 	v.SetDefault("server.socket_group", d.Server.SocketGroup)
@@ -401,6 +445,12 @@ func (c Config) Validate() error {
 		{c.Pool.Size >= 0, "pool.size must not be negative (0 turns the pool off)"},
 		{c.Pool.MaxIdleAge >= time.Second, "pool.max_idle_age must be at least 1s (write it with a unit: 10m)"},
 		{validModules(c.Pool.Preload), "pool.preload must list Python module names (numpy, pandas, matplotlib.pyplot)"},
+		{c.Sessions.IdleTimeout >= time.Second && c.Sessions.MaxLifetime >= c.Sessions.IdleTimeout,
+			"sessions.idle_timeout must be at least 1s and sessions.max_lifetime at least that (write them with units: 10m, 2h)"},
+		{c.Sessions.PerClient >= 0 && c.Sessions.Max >= c.Sessions.PerClient, "sessions.per_client must not be negative, and sessions.max at least that (0 turns sessions off)"},
+		{c.Files.MaxFileMB >= 1 && c.Files.MaxFileMB <= 16, "files.max_file_mb must be between 1 and 16"},
+		{c.Rich.DisplayKB >= 1 && c.Rich.MaxImages >= 0 && c.Rich.ImageKB >= 1 && c.Rich.MaxFiles >= 0 && c.Rich.EmbedKB >= 0 && c.Rich.EmbedTotalKB >= c.Rich.EmbedKB && c.Rich.ImageKB*c.Rich.MaxImages <= 16<<10,
+			"rich.*: display_kb and image_kb at least 1, counts not negative, embed_total_kb at least embed_kb, and max_images×image_kb at most 16384"},
 		{c.Server.ShutdownGrace >= 0, "server.shutdown_grace must not be negative (write it with a unit: 30s)"},
 		{c.Server.ProgressInterval >= 10*time.Millisecond, "server.progress_interval must be at least 10ms (write it with a unit: 250ms)"},
 		{(c.TLS.Cert == "") == (c.TLS.Key == ""), "tls.cert and tls.key must be set together"},

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/viper"
 
@@ -29,7 +30,8 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || c.Approval.Console != d.Approval.Console || c.Audit != d.Audit ||
 		c.Server.Listen != d.Server.Listen || c.Server.Socket != d.Server.Socket || c.Server.ShutdownGrace != d.Server.ShutdownGrace ||
 		c.Server.ProgressInterval != d.Server.ProgressInterval || c.TLS != d.TLS || c.Auth.TokenFile != d.Auth.TokenFile || c.Auth.AllowUnauthenticated ||
-		c.Pool.Size != d.Pool.Size || c.Pool.MaxIdleAge != d.Pool.MaxIdleAge || strings.Join(c.Pool.Preload, ",") != strings.Join(d.Pool.Preload, ",") {
+		c.Pool.Size != d.Pool.Size || c.Pool.MaxIdleAge != d.Pool.MaxIdleAge || strings.Join(c.Pool.Preload, ",") != strings.Join(d.Pool.Preload, ",") ||
+		c.Sessions != d.Sessions || c.Files != d.Files || c.Rich != d.Rich {
 		t.Errorf("config.yaml = %+v\ndefaults    = %+v", c, d)
 	}
 }
@@ -48,16 +50,20 @@ func TestEnvOverrides(t *testing.T) {
 
 func TestValidateNamesTheKey(t *testing.T) {
 	cases := map[string]func(*Config){
-		"limits.timeout_s":     func(c *Config) { c.Limits.TimeoutS = 0 },
-		"limits.max_timeout_s": func(c *Config) { c.Limits.MaxTimeoutS = 1; c.Limits.TimeoutS = 5 },
-		"limits.memory_mb":     func(c *Config) { c.Limits.MemoryMB = 1 },
-		"limits.pids":          func(c *Config) { c.Limits.Pids = 0 },
-		"limits.concurrency":   func(c *Config) { c.Limits.Concurrency = 0 },
-		"runtime.shim":         func(c *Config) { c.Runtime.Shim = "runc" },
-		"sandbox.uid":          func(c *Config) { c.Sandbox.UID = 0 },
-		"state_dir":            func(c *Config) { c.StateDir = "relative" },
-		"sandbox.env":          func(c *Config) { c.Sandbox.Env = map[string]string{"A=B": "x"} },
-		"approval.timeout":     func(c *Config) { c.Approval.Timeout = 120 },
+		"limits.timeout_s":      func(c *Config) { c.Limits.TimeoutS = 0 },
+		"limits.max_timeout_s":  func(c *Config) { c.Limits.MaxTimeoutS = 1; c.Limits.TimeoutS = 5 },
+		"limits.memory_mb":      func(c *Config) { c.Limits.MemoryMB = 1 },
+		"limits.pids":           func(c *Config) { c.Limits.Pids = 0 },
+		"limits.concurrency":    func(c *Config) { c.Limits.Concurrency = 0 },
+		"runtime.shim":          func(c *Config) { c.Runtime.Shim = "runc" },
+		"sandbox.uid":           func(c *Config) { c.Sandbox.UID = 0 },
+		"sessions.idle_timeout": func(c *Config) { c.Sessions.MaxLifetime = time.Second },
+		"sessions.max":          func(c *Config) { c.Sessions.Max = 1; c.Sessions.PerClient = 2 },
+		"files.max_file_mb":     func(c *Config) { c.Files.MaxFileMB = 64 },
+		"rich.*":                func(c *Config) { c.Rich.EmbedTotalKB = 1 },
+		"state_dir":             func(c *Config) { c.StateDir = "relative" },
+		"sandbox.env":           func(c *Config) { c.Sandbox.Env = map[string]string{"A=B": "x"} },
+		"approval.timeout":      func(c *Config) { c.Approval.Timeout = 120 },
 		"approval.grantable_domains": func(c *Config) {
 			c.Approval.GrantableDomains = []string{"example.org"}
 		},

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
@@ -47,6 +48,9 @@ type Request struct {
 	Egress *egress.Policy
 	// Trace asks for Result.Timings (profiling; the benchmark uses it).
 	Trace bool
+	// Rich bounds what a Python run may return besides its output (zero:
+	// the driver's defaults).
+	Rich driver.RichCaps
 	// Output, when set, is called with each chunk of output as it arrives,
 	// within the caps. It runs on the output copier and must not block; the
 	// slice is valid only during the call.
@@ -87,6 +91,12 @@ type Result struct {
 	EgressDenied []egress.Denial
 	// Warm says the run used a pooled sandbox.
 	Warm bool
+	// Rich is what a Python run showed besides its output: the value of a
+	// final expression, figures, files left under /workspace/out.
+	Rich *driver.Rich
+	// SessionLost says a session's sandbox or interpreter is gone: the
+	// session is over.
+	SessionLost bool
 	// Timings are milliseconds from the start of Run to each step, with the
 	// driver's own steps under "driver.", when Request.Trace asked.
 	Timings map[string]float64
@@ -107,6 +117,42 @@ type Manager interface {
 	// Close destroys every sandbox this manager still owns.
 	Close(ctx context.Context) error
 }
+
+// Session is one sandbox kept for many calls: a Python interpreter whose
+// state persists between calls and a /workspace shared by Python and shell.
+type Session interface {
+	ID() string
+	// Run runs one call; Result.SessionLost says the session ended with it.
+	Run(ctx context.Context, req Request) (Result, error)
+	// File does one file operation in /workspace, inside the sandbox.
+	File(ctx context.Context, op driver.FileOp) (driver.FileResult, error)
+	// Lost reports whether the session ended on its own.
+	Lost() bool
+	// Close destroys the session's sandbox.
+	Close()
+}
+
+// SessionOptions make a session.
+type SessionOptions struct {
+	// ID names the session; its sandbox is labelled with it.
+	ID string
+	// Limits are the sandbox's; each call's timeout is its own.
+	Limits Limits
+	// Egress, when set, is the session's network for its whole life.
+	Egress *egress.Policy
+}
+
+// SessionManager is a Manager that can keep sessions.
+type SessionManager interface {
+	Manager
+	OpenSession(ctx context.Context, o SessionOptions) (Session, error)
+}
+
+// ErrSessionBusy is returned when a session is already serving a call.
+var ErrSessionBusy = errors.New("the session is busy with another call")
+
+// ErrSessionClosed is returned for a session that has ended.
+var ErrSessionClosed = errors.New("the session has ended")
 
 // ErrBusy is returned when the concurrency limit is reached.
 var ErrBusy = errors.New("all sandboxes are busy")

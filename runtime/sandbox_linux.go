@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -44,6 +45,7 @@ type sandbox struct {
 	mu        sync.Mutex
 	cleanups  []func(context.Context)
 	destroyed bool
+	sendMu    sync.Mutex
 
 	// created and steps time the making of the sandbox, for Trace.
 	created time.Time
@@ -76,11 +78,10 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		}
 	}()
 	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, PreloadModules: m.o.PoolPreload, Limits: lim, CgroupsPath: "/airlock/" + id}
-	if m.o.Shim == ShimRunc {
-		// One shim process for all of this instance's sandboxes: each
-		// would otherwise cost its own ~10 MiB.
-		policy.ShimGroup = "airlock-" + m.o.InstanceID
-	}
+	// No shim grouping (io.containerd.runc.v2.group), though it would save
+	// a shim process per sandbox: with runsc under it, deleted sandboxes
+	// left their cgroups behind, and a create could reach a group's shim
+	// as it exited.
 	runtimeOpts := m.runtimeOpts
 	var proxyEnv map[string]string
 	if networked {
@@ -126,17 +127,35 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		}
 	})
 
-	stdinR, stdinW := io.Pipe()
-	stdoutR, stdoutW := io.Pipe()
-	s.stdin, s.stdout = stdinW, stdoutW
 	s.diag = newCappedBuffer(8<<10, nil)
-	s.onDestroy(func(context.Context) {
+	var task containerd.Task
+	var stdoutR *io.PipeReader
+	for attempt := 1; ; attempt++ {
+		// Fresh pipes each try: the streams of a failed try are closed,
+		// and their copiers must not take a frame meant for this one.
+		var stdinR *io.PipeReader
+		var stdinW, stdoutW *io.PipeWriter
+		stdinR, stdinW = io.Pipe()
+		stdoutR, stdoutW = io.Pipe()
+		task, err = container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)))
+		if err == nil {
+			s.stdin, s.stdout = stdinW, stdoutW
+			s.onDestroy(func(context.Context) {
+				stdinW.Close()
+				stdoutW.Close()
+			})
+			break
+		}
 		stdinW.Close()
 		stdoutW.Close()
-	})
-	task, err := container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)))
-	if err != nil {
-		return nil, infra("create sandbox task", err)
+		if attempt >= shimAttempts || !shimWentAway(err) || ctx.Err() != nil {
+			return nil, infra("create sandbox task", err)
+		}
+		// A shim that exits as the create reaches it (a crash, or a shim
+		// shared with a sandbox just deleted) fails it: the next try starts
+		// a new one.
+		s.log.Debug("shim went away during create; retrying", "attempt", attempt, "err", err)
+		time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
 	}
 	s.step("task")
 	s.task = task
@@ -178,6 +197,16 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	}
 	s.step("started")
 	return s, nil
+}
+
+// shimAttempts bounds the tries to create a task whose shim went away.
+const shimAttempts = 4
+
+// shimWentAway reports whether a task create failed because the shim it
+// reached was exiting: the error crosses containerd's API as text.
+func shimWentAway(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "ttrpc: closed") || strings.Contains(msg, "ttrpc: client shutting down")
 }
 
 // onDestroy adds a cleanup step; steps run in reverse order.
@@ -231,9 +260,15 @@ func (s *sandbox) diagText() string {
 
 // run sends the work and collects its output until the driver reports the
 // exit, the timeout passes (the sandbox is killed), or ctx ends.
-func (s *sandbox) run(ctx context.Context, req Request, files map[string][]byte) (Result, error) {
+//
+// In a session, running out of time or being cancelled interrupts the
+// cell instead: the driver stops it and the session lives on, unless the
+// cell does not stop within interruptWait, when the sandbox is killed and
+// the session with it (Result.SessionLost).
+func (s *sandbox) run(ctx context.Context, req Request, files map[string][]byte, session bool) (Result, error) {
 	res := Result{RunID: req.RunID}
-	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace})
+	rich := req.Rich
+	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace, Rich: rich})
 	if err != nil {
 		return res, err
 	}
@@ -242,25 +277,42 @@ func (s *sandbox) run(ctx context.Context, req Request, files map[string][]byte)
 	start := time.Now()
 	go func() {
 		// Fails only when the sandbox is gone, which the loop sees too.
-		_ = driver.NewWriter(s.stdin).Write(driver.FrameWork, payload)
+		_ = s.send(driver.FrameWork, payload)
 	}()
 	timer := time.NewTimer(req.Limits.Timeout)
 	defer timer.Stop()
 
 	var exit *driver.Exit
-	var killedBy string
+	var killedBy, interruptedBy string
+	var grace <-chan time.Time
 	take := func(f frame) {
 		switch f.t {
 		case driver.FrameStdout:
 			_, _ = stdout.Write(f.p)
 		case driver.FrameStderr:
 			_, _ = stderr.Write(f.p)
+		case driver.FrameResult:
+			var r driver.Rich
+			if json.Unmarshal(f.p, &r) == nil {
+				res.Rich = r.Clamp(rich)
+			}
 		case driver.FrameExit:
 			var e driver.Exit
 			if json.Unmarshal(f.p, &e) == nil {
 				exit = &e
 			}
 		}
+	}
+	ctxDone := ctx.Done()
+	interrupt := func(why string) {
+		if session && interruptedBy == "" {
+			interruptedBy = why
+			_ = s.send(driver.FrameInterrupt, nil)
+			grace = time.After(interruptWait)
+			ctxDone = nil
+			return
+		}
+		killedBy = why
 	}
 loop:
 	for exit == nil {
@@ -271,15 +323,51 @@ loop:
 			// The stream ended: whatever frames are left, then the end.
 			s.drainFrames(take)
 			break loop
-		case <-timer.C:
-			killedBy = ReasonTimeout
+		case <-s.exited:
+			// The sandbox ended before its driver said so: killed from
+			// outside, most likely for memory. The shim may hold the output
+			// stream open after that; take what arrives for a moment.
+			last := time.After(exitedGrace)
+			for drained := false; !drained; {
+				select {
+				case f := <-s.frames:
+					take(f)
+				case <-s.gone:
+					s.drainFrames(take)
+					drained = true
+				case <-last:
+					s.drainFrames(take)
+					drained = true
+				}
+			}
 			break loop
-		case <-ctx.Done():
-			killedBy = "cancelled"
+		case <-timer.C:
+			if interrupt(ReasonTimeout); killedBy != "" {
+				break loop
+			}
+		case <-ctxDone:
+			if interrupt("cancelled"); killedBy != "" {
+				break loop
+			}
+		case <-grace:
+			// The cell did not stop: the session goes with its sandbox.
+			killedBy = interruptedBy
 			break loop
 		}
 	}
 	res.Duration = time.Since(start)
+	if exit != nil && interruptedBy != "" {
+		// Stopped, the session kept.
+		res.Stdout, res.StdoutTruncated = stdout.Result()
+		res.Stderr, res.StderrTruncated = stderr.Result()
+		res.ExitCode = exit.Code
+		res.SessionLost = exit.Lost
+		if interruptedBy == ReasonTimeout {
+			res.TimedOut, res.Reason = true, ReasonTimeout
+			return res, nil
+		}
+		return res, ctx.Err()
+	}
 	if req.Trace && exit != nil {
 		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
 		for k, v := range exit.Timings {
@@ -315,6 +403,9 @@ loop:
 	if res.StderrTruncated {
 		res.Stderr += fmt.Sprintf(TruncationMarker, req.Limits.StderrBytes)
 	}
+	if session && exit == nil {
+		res.SessionLost = true // the sandbox is gone
+	}
 	switch {
 	case killedBy == ReasonTimeout:
 		if d := s.diagText(); d != "" {
@@ -329,6 +420,7 @@ loop:
 		return res, infra("start code in sandbox", errors.New(exit.Error))
 	case exit != nil:
 		res.ExitCode = exit.Code
+		res.SessionLost = session && exit.Lost
 	default:
 		// The sandbox ended without the driver saying how the code did:
 		// killed from outside (out of memory), or the driver failed.
@@ -358,6 +450,21 @@ loop:
 		res.Reason = ReasonSignal
 	}
 	return res, nil
+}
+
+// exitedGrace is how long output may trail a sandbox's exit.
+const exitedGrace = 250 * time.Millisecond
+
+// interruptWait is how long an interrupted session cell may take to stop
+// before its sandbox is killed.
+const interruptWait = 3 * time.Second
+
+// send writes one frame to the driver; frames from concurrent callers
+// (the work, an interrupt) never interleave.
+func (s *sandbox) send(t byte, payload []byte) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return driver.NewWriter(s.stdin).Write(t, payload)
 }
 
 // drainFrames hands take the frames already received.
@@ -438,7 +545,7 @@ func (m *ContainerdManager) Run(ctx context.Context, req Request) (Result, error
 		s.onDestroy(func(context.Context) { unregister() })
 		files = ProxyFiles(m.proxyURL(), m.o.CABundle)
 	}
-	res, err = s.run(ctx, req, files)
+	res, err = s.run(ctx, req, files, false)
 	res.Warm = warm
 	if res.Timings != nil {
 		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000

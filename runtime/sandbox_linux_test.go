@@ -218,12 +218,19 @@ func TestTimeoutKillsWholeSandbox(t *testing.T) {
 }
 
 func TestMemoryLimit(t *testing.T) {
-	r := run(t, runtime.Python, "x = []\nwhile True: x.append(bytearray(16 << 20))", func(l *runtime.Limits) { l.MemoryBytes = 128 << 20 })
-	if !r.OOMKilled || r.Reason != runtime.ReasonOutOfMemory || !r.Failed() {
-		t.Fatalf("result %+v, want out of memory", r)
+	for _, code := range []string{
+		"x = []\nwhile True: x.append(bytearray(16 << 20))",
+		// One allocation past the limit: the sandbox is killed at once,
+		// and the run says so then, not at its timeout.
+		"b = bytearray(400 << 20)\nprint('alive')",
+	} {
+		r := run(t, runtime.Python, code, func(l *runtime.Limits) { l.MemoryBytes = 128 << 20 })
+		if !r.OOMKilled || r.Reason != runtime.ReasonOutOfMemory || !r.Failed() || r.TimedOut || r.Stdout != "" {
+			t.Fatalf("%q: result %+v, want out of memory", code, r)
+		}
 	}
 	// Under the limit the same allocation pattern works.
-	r = run(t, runtime.Python, "x = [bytearray(16 << 20) for _ in range(3)]; print('ok')", func(l *runtime.Limits) { l.MemoryBytes = 256 << 20 })
+	r := run(t, runtime.Python, "x = [bytearray(16 << 20) for _ in range(3)]; print('ok')", func(l *runtime.Limits) { l.MemoryBytes = 256 << 20 })
 	if r.ExitCode != 0 || r.OOMKilled {
 		t.Fatalf("48 MiB under a 256 MiB limit failed: %+v", r)
 	}

@@ -25,14 +25,7 @@ type SpecPolicy struct {
 	// NetNSPath joins a prepared network namespace (egress runs); empty
 	// creates a new, empty one (loopback only).
 	NetNSPath string
-	// ShimGroup, when set, lets containerd's runc shim serve every sandbox
-	// of the group from one process instead of one process each.
-	ShimGroup string
 }
-
-// ShimGroupAnnotation is the spec annotation containerd's runc shim groups
-// containers by.
-const ShimGroupAnnotation = "io.containerd.runc.v2.group"
 
 // cpuPeriod is the CFS period the CPU quota is expressed in (100 ms).
 const cpuPeriod = 100000
@@ -149,9 +142,6 @@ func Spec(p SpecPolicy) (*specs.Spec, error) {
 				"/proc/sys", "/proc/sysrq-trigger",
 			},
 		},
-	}
-	if p.ShimGroup != "" {
-		s.Annotations[ShimGroupAnnotation] = p.ShimGroup
 	}
 	return s, nil
 }

@@ -190,14 +190,22 @@ func PrincipalFrom(ctx context.Context) (Principal, bool) {
 // everyone through unnamed (loopback, or the operator's explicit choice).
 func requireToken(tokens *Tokens, anonymousOK bool, transport string, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		secret = strings.TrimSpace(secret)
+		if ok && tokens != nil && tokens.Empty() {
+			// The file is re-read at most once a second; a token presented
+			// just after `airlock token add` must not pass as anonymous.
+			_ = tokens.reload(true)
+		}
 		if (tokens == nil || tokens.Empty()) && anonymousOK {
 			next.ServeHTTP(w, r)
 			return
 		}
-		secret, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		name, found := "", false
 		if ok && tokens != nil {
-			name, found = tokens.Lookup(strings.TrimSpace(secret))
+			if name, found = tokens.Lookup(secret); !found && tokens.reload(true) == nil {
+				name, found = tokens.Lookup(secret)
+			}
 		}
 		if !found {
 			desc := "a bearer token is required"

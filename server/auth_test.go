@@ -200,3 +200,46 @@ func TestDropStatelessCancel(t *testing.T) {
 		t.Errorf("reached = %d, want the session cancel and the request through", reached)
 	}
 }
+
+// A token added to the file is honoured by the next request, not a second
+// later: until then the server would still take callers as anonymous, and
+// the caller would lose its name (and its sessions) to a per-connection one.
+func TestTokenAddedJustNowIsHonoured(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "client.tokens")
+	tokens, err := NewTokens(nil, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Principal
+	h := requireToken(tokens, true, "http", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got, _ = PrincipalFrom(r.Context()) }))
+	serve := func(auth string) int {
+		r := httptest.NewRequest("POST", "/mcp", nil)
+		if auth != "" {
+			r.Header.Set("Authorization", auth)
+		}
+		w := httptest.NewRecorder()
+		got = Principal{}
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := serve(""); code != 200 || got.ID != "" {
+		t.Fatalf("no tokens yet, loopback: %d %+v; want anonymous", code, got)
+	}
+	secret, line, _ := NewSecret("alice")
+	if err := os.WriteFile(file, []byte(line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := serve("Bearer " + secret); code != 200 || got.ID != "token:alice" {
+		t.Fatalf("token added a moment ago: %d %+v; want token:alice", code, got)
+	}
+	if code := serve(""); code != 401 {
+		t.Fatalf("anonymous once a token exists: %d", code)
+	}
+	secret2, line2, _ := NewSecret("bob")
+	if err := os.WriteFile(file, []byte(line+"\n"+line2+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := serve("Bearer " + secret2); code != 200 || got.ID != "token:bob" {
+		t.Fatalf("second token added a moment ago: %d %+v", code, got)
+	}
+}

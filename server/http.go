@@ -31,9 +31,9 @@ const (
 	TransportSSE  = "sse"  // legacy SSE at /sse and /message
 )
 
-// maxBody bounds a JSON-RPC message posted to airlock: code is capped far
-// below it, so anything larger is not a valid call.
-const maxBody = 8 << 20
+// defaultMaxBody bounds a JSON-RPC message posted to airlock when
+// HTTPOptions.MaxBody does not: code is capped far below it.
+const defaultMaxBody = 8 << 20
 
 // HTTPOptions configure the HTTP transports.
 type HTTPOptions struct {
@@ -58,7 +58,10 @@ type HTTPOptions struct {
 	Ready func(context.Context) error
 	// Extra handlers mounted on the TCP listener, e.g. /metrics.
 	Extra map[string]http.Handler
-	Log   *slog.Logger
+	// MaxBody bounds a posted message; zero: 8 MiB. A write_file of the
+	// largest allowed file, base64-encoded, must fit.
+	MaxBody int64
+	Log     *slog.Logger
 }
 
 // HTTPServer is airlock's network face: the MCP transports, health
@@ -140,7 +143,7 @@ func (h *HTTPServer) handler(transports []string, authenticate func(http.Handler
 		_ = json.NewEncoder(w).Encode(map[string]string{"status": "ready"})
 	})
 	guard := func(next http.Handler) http.Handler {
-		return h.track(h.checkOrigin(authenticate(limitBody(next))))
+		return h.track(h.checkOrigin(authenticate(limitBody(next, h.o.MaxBody))))
 	}
 	ctxFunc := func(ctx context.Context, r *http.Request) context.Context {
 		if p, ok := PrincipalFrom(r.Context()); ok {
@@ -230,9 +233,12 @@ func (h *HTTPServer) WaitAnswered(d time.Duration) {
 	}
 }
 
-func limitBody(next http.Handler) http.Handler {
+func limitBody(next http.Handler, max int64) http.Handler {
+	if max <= 0 {
+		max = defaultMaxBody
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		r.Body = http.MaxBytesReader(w, r.Body, max)
 		next.ServeHTTP(w, r)
 	})
 }

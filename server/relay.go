@@ -149,7 +149,9 @@ func (r *relay) post(ctx context.Context, body []byte, m message) {
 // copyEvents writes each server-sent event's data as one message.
 func (r *relay) copyEvents(body io.Reader, m message) {
 	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	// A read_file of the largest file comes back twice (text and
+	// structuredContent), base64-encoded when binary.
+	sc.Buffer(make([]byte, 64<<10), 96<<20)
 	var data []byte
 	for sc.Scan() {
 		line := sc.Bytes()

@@ -255,9 +255,10 @@ type deferredRecord struct {
 	write func()
 }
 
-// Close writes the records of requests still waiting for a client's retry:
-// at shutdown they will never be answered.
+// Close ends every session and writes the records of requests still
+// waiting for a client's retry: at shutdown they will never be answered.
 func (h *Handlers) Close() {
+	h.closeSessions()
 	h.deferredMu.Lock()
 	pending := h.deferred
 	h.deferred = nil

@@ -24,6 +24,8 @@ type RunArgs struct {
 	Network string
 	// AllowDomains narrows the operator's allow-list; nil means all of it.
 	AllowDomains []string
+	// SessionID runs the code in a session instead of a fresh sandbox.
+	SessionID string
 }
 
 // ArgLimits bound what a call may ask for.
@@ -35,8 +37,8 @@ type ArgLimits struct {
 // ParseRunArgs validates raw call arguments for a run tool whose code
 // argument is named codeKey ("code" or "command").
 func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error) {
-	allowed := map[string]bool{codeKey: true, "timeout_s": true, "network": true, "allow_domains": true}
-	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer, \"network\"?: \"none\"|\"allowlist\", \"allow_domains\"?: [string]}", tool, codeKey)
+	allowed := map[string]bool{codeKey: true, "timeout_s": true, "network": true, "allow_domains": true, "session_id": true}
+	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer, \"network\"?: \"none\"|\"allowlist\", \"allow_domains\"?: [string], \"session_id\"?: string}", tool, codeKey)
 	if raw == nil {
 		return RunArgs{}, argErrorf("missing argument %q: %s", codeKey, usage)
 	}
@@ -116,7 +118,31 @@ func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error)
 			return RunArgs{}, argErrorf("allow_domains needs \"network\": \"allowlist\"; with network none the sandbox has no network")
 		}
 	}
+	if v, present := m["session_id"]; present && v != nil {
+		id, err := parseSessionID(v)
+		if err != nil {
+			return RunArgs{}, err
+		}
+		if out.Network != "" || out.AllowDomains != nil {
+			return RunArgs{}, argErrorf("a session's network is chosen at session_create; call without \"network\" and \"allow_domains\"")
+		}
+		out.SessionID = id
+	}
 	return out, nil
+}
+
+// parseSessionID checks a session_id argument's form.
+func parseSessionID(v any) (string, error) {
+	id, ok := v.(string)
+	if !ok || id == "" || len(id) > 64 {
+		return "", argErrorf("argument \"session_id\" must be the id session_create returned, got %s", describe(v))
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9') {
+			return "", argErrorf("argument \"session_id\" %q is not a session id (session_list shows yours)", id)
+		}
+	}
+	return id, nil
 }
 
 func describe(v any) string {

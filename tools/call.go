@@ -11,7 +11,10 @@ import (
 	"github.com/mark3labs/mcp-go/server"
 
 	"github.com/airlock-mcp/airlock/approval"
+	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/driver"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // call is one tool call on its way through the handler: validation, the
@@ -93,8 +96,19 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	if err != nil {
 		return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
 	}
-	pol, grants, err := h.EgressFor(args)
-	if err != nil {
+	var sess *sessionEntry
+	if args.SessionID != "" {
+		if sess = h.sessions.get(args.SessionID, c.caller.ID); sess == nil {
+			return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(noSession(args.SessionID)))
+		}
+		c.rec.Session = sess.id
+		defer h.useSession(sess)()
+	}
+	var pol *egress.Policy
+	var grants []string
+	if sess != nil {
+		pol = sess.policy // chosen at session_create, for the session's life
+	} else if pol, grants, err = h.EgressFor(args); err != nil {
 		return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
 	}
 	limits := RuntimeLimits(h.Limits, args.Timeout)
@@ -104,6 +118,7 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 		Limits:  ApprovalLimits(limits),
 		Network: approval.NetworkNone,
 		Client:  c.caller.ID,
+		Session: c.rec.Session,
 	}
 	if pol != nil {
 		areq.Network, areq.AllowDomains = approval.NetworkAllowlist, pol.Domains()
@@ -113,12 +128,8 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	if res := c.approve(ctx, req, areq, grants); res != nil {
 		return res
 	}
-	if h.Audit != nil {
-		if err := h.Audit.Check(); err != nil {
-			h.Log.Error("audit log not writable; refusing to run", "run", c.rec.ID, "err", err)
-			return c.fail(approval.OutcomeAuditDisabled, mcp.NewToolResultError(fmt.Sprintf(
-				"Not run: the audit log cannot be written (%v), and airlock runs no code it cannot record. The operator should fix audit.path (or its filesystem) on the server; no restart is needed.", err)))
-		}
+	if res := c.auditReady(); res != nil {
+		return res
 	}
 	if h.Quotas != nil {
 		release, err := h.Quotas.Take(c.caller.ID)
@@ -128,19 +139,60 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 		defer release()
 	}
 	h.runs.setState(c.rec.ID, StateRunning)
-	rreq := runtime.Request{RunID: c.rec.ID, Language: lang, Code: args.Code, Limits: limits, Egress: pol}
+	rreq := runtime.Request{RunID: c.rec.ID, Language: lang, Code: args.Code, Limits: limits, Egress: pol, Rich: h.richCaps()}
 	prog := newProgress(ctx, h.server, req, c.rec.ID, h.progressInterval())
 	if prog != nil {
 		rreq.Output = prog.Output
 	}
-	out, err := h.Manager.Run(ctx, rreq)
+	var out runtime.Result
+	if sess != nil {
+		out, err = sess.s.Run(ctx, rreq)
+		if out.SessionLost || errors.Is(err, runtime.ErrSessionClosed) {
+			h.Log.Info("session ended", "session", sess.id, "why", "its interpreter died or would not stop", "run", c.rec.ID)
+			h.sessions.remove(sess.id)
+		}
+	} else {
+		out, err = h.Manager.Run(ctx, rreq)
+	}
 	prog.Close()
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
 	}
 	res := h.result(c.tool, out, err)
+	if o, ok := res.StructuredContent.(RunOutput); ok && sess != nil {
+		o.SessionID = sess.id
+		res.StructuredContent = o
+		if o.SessionEnded {
+			res.Content[0] = mcp.NewTextContent(RenderText(o))
+		}
+	}
 	c.noteRun(out, err, res)
 	return c.finish(res)
+}
+
+// richCaps are the configured bounds of a run's rich results.
+func (h *Handlers) richCaps() driver.RichCaps {
+	r := h.Rich
+	if r == (config.RichConfig{}) {
+		return driver.DefaultRichCaps
+	}
+	return driver.RichCaps{
+		DisplayBytes: r.DisplayKB << 10, MaxImages: r.MaxImages, ImageBytes: r.ImageKB << 10,
+		MaxFiles: r.MaxFiles, EmbedBytes: r.EmbedKB << 10, EmbedTotalBytes: r.EmbedTotalKB << 10,
+	}
+}
+
+// auditReady returns nil when the call can be recorded, else its refusal.
+func (c *call) auditReady() *mcp.CallToolResult {
+	if c.h.Audit == nil {
+		return nil
+	}
+	if err := c.h.Audit.Check(); err != nil {
+		c.h.Log.Error("audit log not writable; refusing the call", "call", c.rec.ID, "tool", c.tool, "err", err)
+		return c.fail(approval.OutcomeAuditDisabled, mcp.NewToolResultError(fmt.Sprintf(
+			"Not run: the audit log cannot be written (%v), and airlock runs no code it cannot record. The operator should fix audit.path (or its filesystem) on the server; no restart is needed.", err)))
+	}
+	return nil
 }
 
 // ApprovalLimits are the parts of a run's limits a human approves.
@@ -177,7 +229,7 @@ func (c *call) noteRun(out runtime.Result, err error, res *mcp.CallToolResult) {
 		for _, d := range out.EgressDenied {
 			c.rec.EgressDenied = append(c.rec.EgressDenied, fmt.Sprintf("%s:%d (%s)", d.Host, d.Port, d.Reason))
 		}
-	case errors.Is(err, runtime.ErrBusy):
+	case errors.Is(err, runtime.ErrBusy), errors.Is(err, runtime.ErrSessionBusy):
 		c.rec.Outcome, c.rec.Error = approval.OutcomeBusy, resultText(res)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		c.rec.Outcome, c.rec.Error = approval.OutcomeCancelled, resultText(res)

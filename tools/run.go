@@ -5,12 +5,16 @@ package tools
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
+	"mime"
+	"path"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
@@ -19,6 +23,7 @@ import (
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/boot"
+	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
@@ -38,6 +43,25 @@ type RunOutput struct {
 	// EgressDenied lists network destinations the egress proxy refused, so
 	// the caller can correct the code or ask for the domain.
 	EgressDenied []DeniedOut `json:"egress_denied" jsonschema:"Network destinations the egress proxy refused during the run"`
+	// Display, Images and Files are what a notebook cell would show
+	// besides the output.
+	Display       string    `json:"display,omitempty" jsonschema:"The value of the code's last expression, as a notebook shows it (Python; pandas objects as a table)"`
+	Images        int       `json:"images,omitempty" jsonschema:"How many matplotlib figures came back as image content"`
+	ImagesSkipped int       `json:"images_skipped,omitempty" jsonschema:"Figures left out for the rich.max_images or rich.image_kb caps"`
+	Files         []OutFile `json:"files,omitempty" jsonschema:"Files the run wrote or changed under /workspace/out"`
+	// FilesTruncated says more files were written than rich.max_files.
+	FilesTruncated bool `json:"files_truncated,omitempty"`
+	// SessionID names the session the run used; SessionEnded says the
+	// session is over (its interpreter died or would not stop).
+	SessionID    string `json:"session_id,omitempty"`
+	SessionEnded bool   `json:"session_ended,omitempty"`
+}
+
+// OutFile is a file a run left under /workspace/out.
+type OutFile struct {
+	Path     string `json:"path" jsonschema:"Relative to /workspace"`
+	Size     int64  `json:"size"`
+	Embedded bool   `json:"embedded" jsonschema:"True when its content came back as an embedded resource"`
 }
 
 // DeniedOut is one refused destination.
@@ -75,10 +99,18 @@ type Handlers struct {
 	// of one run; zero means 250 ms.
 	ProgressInterval time.Duration
 
+	// Sessions bound stateful sessions (zero Max: none are offered);
+	// Files bound the file tools; Rich bounds what a Python run returns
+	// besides its output.
+	Sessions config.SessionsConfig
+	Files    config.FilesConfig
+	Rich     config.RichConfig
+
 	// deferred are the records of calls waiting for a client's retry.
 	deferredMu sync.Mutex
 	deferred   map[string]deferredRecord
 	runs       runs
+	sessions   sessions
 }
 
 func (h *Handlers) progressInterval() time.Duration {
@@ -92,27 +124,34 @@ func (h *Handlers) progressInterval() time.Duration {
 func (h *Handlers) Register(s *server.MCPServer) {
 	h.server = s
 	h.registerRunTools(s)
+	h.registerSessionTools(s)
 	s.AddTool(h.tool("run_python", "code", pythonDescription(h.Limits), "Run Python"), h.handler("run_python", "code", runtime.Python))
 	s.AddTool(h.tool("run_shell", "command", shellDescription(h.Limits), "Run shell command"), h.handler("run_shell", "command", runtime.Shell))
 }
 
 func pythonDescription(l config.Limits) string {
-	return fmt.Sprintf(`Run Python 3 code in a fresh, isolated gVisor sandbox and return its stdout, stderr and exit code.
-Each call starts from a clean sandbox: nothing persists between calls (no variables, no files).
-Print what you want to see; the value of the last expression is not shown.
-Available: the standard library, numpy, pandas, matplotlib (Agg backend; save figures to files).
+	return fmt.Sprintf(`Run Python 3 code in an isolated gVisor sandbox and return its stdout, stderr and exit code.
+Like a notebook cell: the value of a final expression is shown (pandas objects as a table), matplotlib figures shown or left open come back as PNG images, and files written under /workspace/out are listed (small ones attached). Errors come back as a traceback with your line numbers.
+Available: the standard library, numpy, pandas, matplotlib.
 No network access. The filesystem is read-only except /workspace (the working directory, %d MiB) and /tmp (%d MiB).
 Limits: %d s timeout by default (timeout_s, up to %d s), %d MiB memory, %d processes, %d KiB of stdout and of stderr (the rest is dropped).`,
 		l.WorkspaceMB, l.TmpMB, l.TimeoutS, l.MaxTimeoutS, l.MemoryMB, l.Pids, l.StdoutBytes/1024)
 }
 
 func shellDescription(l config.Limits) string {
-	return fmt.Sprintf(`Run a bash command or script in a fresh, isolated gVisor sandbox (Debian) and return its stdout, stderr and exit code.
-Each call starts from a clean sandbox: nothing persists between calls.
+	return fmt.Sprintf(`Run a bash command or script in an isolated gVisor sandbox (Debian) and return its stdout, stderr and exit code. Files written under /workspace/out are listed in the result (small ones attached).
 Available: coreutils, grep, sed, gawk, findutils, curl, python3. No network access; no root (commands run as an unprivileged user).
 The filesystem is read-only except /workspace (the working directory, %d MiB) and /tmp (%d MiB).
 Limits: %d s timeout by default (timeout_s, up to %d s), %d MiB memory, %d processes, %d KiB of stdout and of stderr (the rest is dropped).`,
 		l.WorkspaceMB, l.TmpMB, l.TimeoutS, l.MaxTimeoutS, l.MemoryMB, l.Pids, l.StdoutBytes/1024)
+}
+
+// sessionDescription says what a call without and with session_id keeps.
+func (h *Handlers) sessionDescription() string {
+	if !h.sessionsEnabled() {
+		return "\nEach call starts from a clean sandbox: nothing persists between calls (no variables, no files)."
+	}
+	return "\nWithout session_id each call starts from a clean sandbox and nothing persists. With the session_id of session_create, Python variables, imports and definitions persist between calls, and /workspace persists for Python and shell alike."
 }
 
 func (h *Handlers) networkDescription() string {
@@ -141,11 +180,15 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 	}[codeKey]
 	opts := []mcp.ToolOption{
 		mcp.WithToolTitle(title),
-		mcp.WithDescription(description + h.networkDescription() + h.approvalDescription()),
+		mcp.WithDescription(description + h.sessionDescription() + h.networkDescription() + h.approvalDescription()),
 		mcp.WithString(codeKey, mcp.Required(), mcp.Description(codeDesc), mcp.MinLength(1), mcp.MaxLength(h.Limits.CodeBytes)),
 		mcp.WithInteger("timeout_s",
 			mcp.Description(fmt.Sprintf("Wall-clock limit in seconds (default %d, at most %d). The whole sandbox is killed when it is reached.", h.Limits.TimeoutS, h.Limits.MaxTimeoutS)),
 			mcp.Min(1), mcp.Max(float64(h.Limits.MaxTimeoutS))),
+	}
+	if h.sessionsEnabled() {
+		opts = append(opts, mcp.WithString("session_id",
+			mcp.Description("Run in this session (from session_create) instead of a fresh sandbox. The session's network was chosen when it was created.")))
 	}
 	// Network arguments are offered only where a network is: a model should
 	// not be shown arguments it cannot use.
@@ -181,6 +224,10 @@ func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToo
 	if err != nil {
 		var ie *runtime.InfraError
 		switch {
+		case errors.Is(err, runtime.ErrSessionBusy):
+			return mcp.NewToolResultError("The session is busy with another call; retry when it has finished (a session runs one call at a time).")
+		case errors.Is(err, runtime.ErrSessionClosed):
+			return mcp.NewToolResultError("The session has ended; start another with session_create.")
 		case errors.Is(err, runtime.ErrBusy):
 			return mcp.NewToolResultError(fmt.Sprintf("All %d sandboxes are busy (limits.concurrency); retry in a few seconds.", h.Limits.Concurrency))
 		case errors.Is(err, errShuttingDown):
@@ -198,12 +245,44 @@ func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToo
 	out := ToOutput(r)
 	res := mcp.NewToolResultStructured(out, RenderText(out))
 	res.IsError = r.Failed()
+	res.Content = append(res.Content, richContent(r.Rich)...)
 	return res
+}
+
+// richContent is a run's figures as image content and its small out/
+// files as embedded resources.
+func richContent(r *driver.Rich) []mcp.Content {
+	if r == nil {
+		return nil
+	}
+	var out []mcp.Content
+	for _, img := range r.Images {
+		out = append(out, mcp.NewImageContent(base64.StdEncoding.EncodeToString(img), "image/png"))
+	}
+	for _, f := range r.Files {
+		if f.Content == nil && f.Size != 0 {
+			continue
+		}
+		uri := "file://" + driver.Workspace + "/" + f.Path
+		mimeType := mime.TypeByExtension(path.Ext(f.Path))
+		if utf8.Valid(f.Content) {
+			if mimeType == "" {
+				mimeType = "text/plain"
+			}
+			out = append(out, mcp.NewEmbeddedResource(mcp.TextResourceContents{URI: uri, MIMEType: mimeType, Text: string(f.Content)}))
+		} else {
+			if mimeType == "" {
+				mimeType = "application/octet-stream"
+			}
+			out = append(out, mcp.NewEmbeddedResource(mcp.BlobResourceContents{URI: uri, MIMEType: mimeType, Blob: base64.StdEncoding.EncodeToString(f.Content)}))
+		}
+	}
+	return out
 }
 
 // ToOutput converts a runtime result to the tool's structured output.
 func ToOutput(r runtime.Result) RunOutput {
-	return RunOutput{
+	o := RunOutput{
 		RunID:           r.RunID,
 		ExitCode:        r.ExitCode,
 		Stdout:          r.Stdout,
@@ -216,7 +295,15 @@ func ToOutput(r runtime.Result) RunOutput {
 		StderrTruncated: r.StderrTruncated,
 		Reason:          r.Reason,
 		EgressDenied:    denied(r.EgressDenied),
+		SessionEnded:    r.SessionLost,
 	}
+	if rich := r.Rich; rich != nil {
+		o.Display, o.Images, o.ImagesSkipped, o.FilesTruncated = rich.Display, len(rich.Images), rich.ImagesSkipped, rich.FilesTruncated
+		for _, f := range rich.Files {
+			o.Files = append(o.Files, OutFile{Path: f.Path, Size: f.Size, Embedded: f.Content != nil || f.Size == 0})
+		}
+	}
+	return o
 }
 
 func denied(ds []egress.Denial) []DeniedOut {
@@ -253,8 +340,36 @@ func RenderText(o RunOutput) string {
 			b.WriteString("\n")
 		}
 	}
-	if o.Stdout == "" && o.Stderr == "" {
+	if o.Display != "" {
+		b.WriteString("--- value ---\n" + o.Display)
+		if !strings.HasSuffix(o.Display, "\n") {
+			b.WriteString("\n")
+		}
+	}
+	if o.Stdout == "" && o.Stderr == "" && o.Display == "" && o.Images == 0 && len(o.Files) == 0 {
 		b.WriteString("(no output)\n")
+	}
+	if o.Images > 0 {
+		fmt.Fprintf(&b, "--- %d figure(s), returned as images ---\n", o.Images)
+	}
+	if o.ImagesSkipped > 0 {
+		fmt.Fprintf(&b, "%d figure(s) left out: over rich.max_images or rich.image_kb.\n", o.ImagesSkipped)
+	}
+	if len(o.Files) > 0 {
+		b.WriteString("--- files written under /workspace/out ---\n")
+		for _, f := range o.Files {
+			note := ""
+			if f.Embedded {
+				note = " (content attached)"
+			}
+			fmt.Fprintf(&b, "%s %d bytes%s\n", f.Path, f.Size, note)
+		}
+		if o.FilesTruncated {
+			b.WriteString("(more files not listed: rich.max_files)\n")
+		}
+	}
+	if o.SessionEnded {
+		fmt.Fprintf(&b, "The session %s has ended: its interpreter died or would not stop, and its state and files are gone. Start another with session_create.\n", o.SessionID)
 	}
 	if len(o.EgressDenied) > 0 {
 		b.WriteString("--- network destinations refused ---\n")

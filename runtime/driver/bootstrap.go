@@ -4,48 +4,129 @@ package driver
 // sandbox: a small tmpfs owned by root, readable by the code, not writable.
 const CodeDir = "/.airlock"
 
-// pythonRun runs CodeDir/main.py as __main__ with line-buffered output, in a
-// fresh module namespace, and ends like a normal exit but without the slow
-// teardown of every module, reporting its status on fd 4 first. Unbuffered output (python -u) loses data under
+// Path is where the driver lives in the sandbox image.
+const Path = "/usr/lib/airlock/airlock-driver"
+
+// OutDir is where code leaves files to be returned with its result.
+const OutDir = "/workspace/out"
+
+// pythonWorker is every Python run's process, cold or warm, one-shot or a
+// session. It imports the modules named in its arguments (none for a cold
+// run; numpy and pandas for a warm one by default), says "ready" on fd 4,
+// then reads commands from fd 3, one JSON line each:
+//
+//	{"path": "/.airlock/main.py", "mode": "once"|"session", "caps": {...}}
+//
+// and runs the file like a notebook cell: in __main__ (fresh for "once",
+// kept across a session's cells), showing the value of a final
+// expression, with clean tracebacks whose line numbers are the user's.
+// After the cell it reports on fd 4, one JSON line: the exit status, the
+// displayed value, and the matplotlib figures shown or left open, as PNG.
+// (The driver lists OutDir itself, for shell runs too.) A "once" run then ends like a normal exit (threads joined, atexit
+// run, output flushed) but without tearing down every module, which takes
+// longer than most programs once numpy and pandas are loaded.
+//
+// Output is line-buffered: unbuffered output (python -u) loses data under
 // gVisor, whose pipes accept partial writes that Python's unbuffered text
-// layer does not retry; the buffered layer does. Run from -c, sys.path[0]
-// is the working directory, as in a notebook, and the bootstrap's own frame
-// is cut from tracebacks so line numbers are the user's.
-const pythonRun = `def _airlock_main():
-    import builtins, os, sys, types
-    # fd 3 is the warm worker's control pipe, already closed there; close
-    # the cold placeholder too, so both runs hold the same descriptors. fd 4
-    # carries the exit report to the driver; the program's own children do
-    # not get it.
-    try:
-        os.close(3)
-    except OSError:
-        pass
-    try:
-        os.set_inheritable(4, False)
-    except OSError:
-        pass
+// layer does not retry. Run from -c, sys.path[0] is the working directory.
+const pythonWorker = `import os as _os
+def _airlock_hook_pyplot():
+    # plt.show() returns the figures with the result and closes them, as a
+    # notebook's inline backend does; Agg alone would only warn.
+    import importlib.machinery, sys
+    shown = []
+    class Hook:
+        def find_spec(self, name, path=None, target=None):
+            if name != "matplotlib.pyplot":
+                return None
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or not hasattr(spec.loader, "exec_module"):
+                return spec
+            run = spec.loader.exec_module
+            def exec_module(module):
+                run(module)
+                def show(*args, **kwargs):
+                    shown.extend(_airlock_render(module))
+                module.show = show
+            spec.loader.exec_module = exec_module
+            return spec
+    sys.meta_path.insert(0, Hook())
+    return shown
+_airlock_shown = _airlock_hook_pyplot()
+del _airlock_hook_pyplot
+
+def _airlock_preload():
+    import importlib, sys
+    for m in sys.argv[1:]:
+        importlib.import_module(m)
+_airlock_preload()
+del _airlock_preload
+
+def _airlock_serve():
+    import builtins, json, os, sys, types
+    # The control and report pipes are the driver's: the program's own
+    # children do not get them.
+    for fd in (3, 4):
+        os.set_inheritable(fd, False)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
-    p = "` + CodeDir + `/main.py"
-    sys.argv = [p]
-    m = types.ModuleType("__main__")
-    m.__file__ = p
-    m.__builtins__ = builtins
-    sys.modules["__main__"] = m
-    code = 0
+    os.write(4, b"ready\n")
+    ctl = os.fdopen(3, "rb", buffering=0)
+    main = None
+    while True:
+        try:
+            line = ctl.readline()
+        except KeyboardInterrupt:
+            continue  # an interrupt that came between cells
+        if not line:
+            os._exit(0)
+        cmd = json.loads(line)
+        once = cmd.get("mode") == "once"
+        if main is None or once:
+            main = types.ModuleType("__main__")
+            main.__builtins__ = builtins
+            sys.modules["__main__"] = main
+        main.__file__ = cmd["path"]
+        sys.argv = [cmd["path"]]
+        rep = _airlock_cell(cmd["path"], main.__dict__, cmd.get("caps") or {})
+        # Figures first: matplotlib closes them all at exit.
+        rep.update(_airlock_extras(cmd.get("caps") or {}))
+        if once:
+            _airlock_finish()
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        # Everything printed is in the pipes now: the driver reads it all,
+        # then reports, without waiting for this process to end.
+        os.write(4, (json.dumps(rep) + "\n").encode())
+        if once:
+            os._exit(rep["exit"])
+
+def _airlock_cell(path, ns, caps):
+    import ast, sys, traceback
+    rep = {"exit": 0}
     try:
-        with open(p, "rb") as f:
-            c = compile(f.read(), p, "exec")
-        exec(c, m.__dict__)
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, path, "exec"), ns)
+        if last is not None:
+            value = eval(compile(last, path, "eval"), ns)
+            if value is not None:
+                rep["display"] = _airlock_show(value, caps.get("display_bytes", 65536))
     except SystemExit as e:
-        code = _airlock_exit_code(e)
+        rep["exit"] = _airlock_exit_code(e)
     except BaseException as e:
-        import traceback
         tb = None if isinstance(e, SyntaxError) else e.__traceback__.tb_next
         traceback.print_exception(type(e), e, tb)
-        code = 1
-    _airlock_exit(code)
+        rep["exit"] = 1
+        if isinstance(e, KeyboardInterrupt):
+            rep["interrupted"] = True
+    return rep
 
 def _airlock_exit_code(e):
     import sys
@@ -57,11 +138,22 @@ def _airlock_exit_code(e):
     print(c, file=sys.stderr)
     return 1
 
-def _airlock_exit(code):
-    # What a normal exit does for the program (wait for its threads, run its
-    # atexit functions, flush), without tearing down every module, which
-    # takes longer than most programs once numpy and pandas are loaded.
-    import atexit, os, sys, threading
+def _airlock_show(v, cap):
+    import sys
+    try:
+        pd = sys.modules.get("pandas")
+        if pd is not None and isinstance(v, (pd.DataFrame, pd.Series)):
+            s = v.to_string(max_rows=60, max_cols=20)
+        else:
+            s = repr(v)
+    except Exception as e:
+        s = "<value could not be shown: %r>" % e
+    if len(s) > cap:
+        s = s[:cap] + "\n[airlock: display truncated at %d characters]" % cap
+    return s
+
+def _airlock_finish():
+    import atexit, threading
     try:
         threading._shutdown()
     except BaseException:
@@ -70,44 +162,45 @@ def _airlock_exit(code):
         atexit._run_exitfuncs()
     except BaseException:
         pass
-    for f in (sys.stdout, sys.stderr):
+
+def _airlock_render(plt):
+    # Every open figure as PNG bytes (or the error), then closed.
+    import io
+    out = []
+    for n in plt.get_fignums():
         try:
-            f.flush()
-        except BaseException:
-            pass
-    # Everything printed is in the pipes now: the driver reads it all, then
-    # reports this status without waiting for the process to be torn down.
-    try:
-        os.write(4, b"exit %d\n" % code)
-    except OSError:
-        pass
-    os._exit(code)
+            buf = io.BytesIO()
+            plt.figure(n).savefig(buf, format="png", dpi=100, bbox_inches="tight")
+            out.append(buf.getvalue())
+        except Exception as e:
+            out.append(e)
+    plt.close("all")
+    return out
 
-_airlock_main()
+def _airlock_extras(caps):
+    import base64, sys
+    out = {}
+    figures = list(_airlock_shown)
+    del _airlock_shown[:]
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        try:
+            figures.extend(_airlock_render(plt))
+        except Exception as e:
+            figures.append(e)
+    images, skipped = [], 0
+    for data in figures:
+        if isinstance(data, Exception):
+            out["figure_error"] = repr(data)
+        elif len(images) < caps.get("max_images", 4) and len(data) <= caps.get("image_bytes", 1 << 20):
+            images.append(base64.b64encode(data).decode())
+        else:
+            skipped += 1
+    if images:
+        out["images"] = images
+    if skipped:
+        out["images_skipped"] = skipped
+    return out
+
+_airlock_serve()
 `
-
-// PythonBootstrap is what a cold sandbox runs with python3 -c.
-const PythonBootstrap = pythonRun
-
-// pythonWorker is the warm form: it imports the modules named in its
-// arguments (numpy and pandas by default), says so on fd 4, and waits on
-// fd 3 until the code is in place; then it runs it exactly as
-// PythonBootstrap does. fd 3 is closed before the code runs; fd 4 stays for
-// the exit report, as in a cold run.
-const pythonWorker = `import os as _os
-def _airlock_preload():
-    import importlib, sys
-    for m in sys.argv[1:]:
-        importlib.import_module(m)
-_airlock_preload()
-del _airlock_preload
-_os.write(4, b"ready\n")
-_go = _os.read(3, 16)
-_os.close(3)
-if _go != b"go\n":
-    raise SystemExit(0)
-del _go, _os
-` + pythonRun
-
-// Path is where the driver lives in the sandbox image.
-const Path = "/usr/lib/airlock/airlock-driver"

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,16 +22,32 @@ const (
 	Bash   = "/bin/bash"
 )
 
-// preloadTimeout bounds how long the warm worker may take to import.
-const preloadTimeout = 2 * time.Minute
+// Bounds of the driver's own waits.
+const (
+	// preloadTimeout bounds how long the warm worker may take to import.
+	preloadTimeout = 2 * time.Minute
+	// interruptGrace is how long an interrupted Python cell may take to
+	// unwind before its interpreter is killed.
+	interruptGrace = 2 * time.Second
+	// maxReport bounds one report line from the Python worker.
+	maxReport = 24 << 20
+)
 
 // driver is one run of the in-sandbox program.
 type driver struct {
-	uid, gid int
-	codeDir  string
-	out      *lockedWriter
-	log      io.Writer
-	worker   *worker
+	uid, gid  int
+	codeDir   string
+	workspace string
+	modules   []string // what a Python worker preloads
+	out       *lockedWriter
+	log       io.Writer
+	worker    *worker
+	cells     int
+
+	// intr is written when the host interrupts the work in progress; the
+	// relay polls its read end (intrFd, non-blocking).
+	intrR, intrW *os.File
+	intrFd       int
 
 	trace   bool
 	t0      time.Time
@@ -40,7 +55,7 @@ type driver struct {
 	timings map[string]float64
 }
 
-// lockedWriter serialises frames from the output pumps.
+// lockedWriter serialises frames.
 type lockedWriter struct {
 	mu sync.Mutex
 	w  *Writer
@@ -58,25 +73,33 @@ func (l *lockedWriter) writeJSON(t byte, v any) error {
 	return l.w.WriteJSON(t, v)
 }
 
-// Main is the driver program: it parses args, prepares, says hello, runs
-// one piece of work and reports how it ended. It returns the process's exit
-// status.
+// Main is the driver program. It returns the process's exit status.
 func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("airlock-driver", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	uid := fs.Int("uid", 1000, "user the code runs as")
 	gid := fs.Int("gid", 1000, "group the code runs as")
 	preload := fs.Bool("preload", false, "start a Python worker before the work arrives")
-	modules := fs.String("preload-modules", "numpy,pandas", "modules the worker imports, comma-separated")
+	modules := fs.String("preload-modules", "numpy,pandas", "modules a preloaded worker imports, comma-separated")
 	codeDir := fs.String("code-dir", CodeDir, "where the code is written")
+	workspace := fs.String("workspace", Workspace, "the directory file operations are relative to")
+	fileop := fs.Bool("fileop", false, "internal: do one file operation read from stdin, as the calling user")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *fileop {
+		return fileOpMain(*workspace, stdin, stdout)
 	}
 	if *uid == 0 || *gid == 0 {
 		fmt.Fprintln(stderr, "airlock-driver: refusing to run code as root")
 		return 2
 	}
-	d := &driver{uid: *uid, gid: *gid, codeDir: *codeDir, out: &lockedWriter{w: NewWriter(stdout)}, log: stderr}
+	d := &driver{uid: *uid, gid: *gid, codeDir: *codeDir, workspace: *workspace, out: &lockedWriter{w: NewWriter(stdout)}, log: stderr}
+	for _, m := range strings.Split(*modules, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			d.modules = append(d.modules, m)
+		}
+	}
 	if err := dropBoundingCaps(); err != nil {
 		fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
 		return 2
@@ -85,16 +108,19 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
 		return 2
 	}
+	var err error
+	if d.intrR, d.intrW, err = os.Pipe(); err != nil {
+		fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
+		return 2
+	}
+	d.intrFd = int(d.intrR.Fd())
+	_ = unix.SetNonblock(d.intrFd, true)
 	hello := Hello{Version: Version}
 	if *preload {
-		var mods []string
-		for _, m := range strings.Split(*modules, ",") {
-			if m = strings.TrimSpace(m); m != "" {
-				mods = append(mods, m)
-			}
-		}
-		w, err := d.startWorker(mods)
-		if err != nil {
+		if w, err := d.startWorker(d.modules); err != nil {
+			hello.PreloadError = err.Error()
+		} else if err := w.waitReady(preloadTimeout); err != nil {
+			w.kill()
 			hello.PreloadError = err.Error()
 		} else {
 			d.worker, hello.Preloaded = w, true
@@ -105,9 +131,15 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	in := NewReader(stdin)
 	t, p, err := in.Next()
-	if err != nil || t != FrameWork {
+	switch {
+	case err != nil:
 		// The host let this sandbox go before using it.
 		d.stopWorker()
+		return 0
+	case t == FrameSession:
+		d.session(in)
+		return 0
+	case t != FrameWork:
 		return 0
 	}
 	var work Work
@@ -116,8 +148,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 	d.t0, d.trace = time.Now(), work.Trace
-	exit := d.run(work)
+	rich, exit := d.run(work, false)
 	exit.Timings = d.timings
+	if rich != nil {
+		_ = d.out.writeJSON(FrameResult, rich)
+	}
 	_ = d.out.writeJSON(FrameExit, exit)
 	return 0
 }
@@ -138,8 +173,8 @@ func (d *driver) mark(step string) {
 }
 
 // dropBoundingCaps empties the capability bounding set, so no process the
-// driver starts can ever hold a capability; the driver keeps the two it
-// needs (to change user) in its own effective set.
+// driver starts can ever hold a capability; the driver keeps the ones it
+// needs in its own effective set.
 func dropBoundingCaps() error {
 	for c := 0; c <= unix.CAP_LAST_CAP; c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
@@ -172,260 +207,378 @@ func reserveMainProcess() error {
 	return nil
 }
 
-// worker is the preloaded Python interpreter waiting for the go signal.
-type worker struct {
-	proc   *os.Process
-	ctl    *os.File // write end of its fd 3
-	stdout *os.File // read ends of its output
-	stderr *os.File
-	result *os.File // read end of its fd 4: "ready", then the exit report
+// child is a process the code runs in, with the read ends of its pipes
+// and a pipe that becomes readable when it exits.
+type child struct {
+	pid            int
+	stdout, stderr *os.File
+	waitR          *os.File
+	// Raw descriptors, taken once: os.File.Fd puts a descriptor back into
+	// blocking mode every time it is called.
+	outFd, errFd, waitFd int
+	mu                   sync.Mutex
+	status               syscall.WaitStatus
+	waitErr              error
 }
 
-// startWorker starts the warm Python worker and waits until it has
-// imported what it preloads.
+// startChild starts argv as the code's user with fresh output pipes,
+// stdin /dev/null and extra files as fds 3 and up; its own process group.
+// Its output pipes are non-blocking, for the relay's poll loop.
+func (d *driver) startChild(argv []string, extra ...*os.File) (*child, error) {
+	wd, _ := os.Getwd()
+	c, err := d.spawn(argv, spawnOpts{dir: wd, env: os.Environ(), setsid: true, extra: extra})
+	if err != nil {
+		return nil, err
+	}
+	for _, fd := range []int{c.outFd, c.errFd} {
+		_ = unix.SetNonblock(fd, true)
+	}
+	return c, nil
+}
+
+// spawnOpts say how spawn starts a child besides its argv.
+type spawnOpts struct {
+	stdin  *os.File // nil: /dev/null
+	dir    string
+	env    []string
+	setsid bool
+	extra  []*os.File // fds 3 and up
+}
+
+// spawn starts argv as the code's user with fresh output pipes and a wait
+// pipe that becomes readable when it exits.
+func (d *driver) spawn(argv []string, o spawnOpts) (*child, error) {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	stdin := o.stdin
+	if stdin == nil {
+		if stdin, err = os.Open(os.DevNull); err != nil {
+			outR.Close()
+			outW.Close()
+			errR.Close()
+			errW.Close()
+			return nil, err
+		}
+		defer stdin.Close()
+	}
+	proc, err := os.StartProcess(argv[0], argv, &os.ProcAttr{
+		Dir:   o.dir,
+		Env:   o.env,
+		Files: append([]*os.File{stdin, outW, errW}, o.extra...),
+		Sys: &syscall.SysProcAttr{
+			Credential: &syscall.Credential{Uid: uint32(d.uid), Gid: uint32(d.gid), Groups: []uint32{}},
+			Setsid:     o.setsid,
+		},
+	})
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return nil, err
+	}
+	waitR, waitW, err := os.Pipe()
+	if err != nil {
+		_ = unix.Kill(proc.Pid, unix.SIGKILL)
+		return nil, err
+	}
+	c := &child{pid: proc.Pid, stdout: outR, stderr: errR, waitR: waitR,
+		outFd: int(outR.Fd()), errFd: int(errR.Fd()), waitFd: int(waitR.Fd())}
+	go func() {
+		st, err := proc.Wait()
+		c.mu.Lock()
+		if err == nil {
+			c.status = st.Sys().(syscall.WaitStatus)
+		}
+		c.waitErr = err
+		c.mu.Unlock()
+		waitW.Write([]byte{1})
+		waitW.Close()
+	}()
+	return c, nil
+}
+
+// exit is how the child ended, once its wait pipe is readable.
+func (c *child) exit() Exit {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.waitErr != nil {
+		return Exit{Code: 127, Error: "wait for the code: " + c.waitErr.Error()}
+	}
+	if c.status.Signaled() {
+		return Exit{Code: 128 + int(c.status.Signal()), Signal: int(c.status.Signal())}
+	}
+	return Exit{Code: c.status.ExitStatus()}
+}
+
+func (c *child) close() {
+	c.stdout.Close()
+	c.stderr.Close()
+	c.waitR.Close()
+}
+
+// worker is a Python interpreter running pythonWorker: its control pipe
+// (fd 3) and report pipe (fd 4).
+type worker struct {
+	*child
+	ctl    *os.File
+	report *lineReader
+	ready  bool
+}
+
+// startWorker starts a Python worker that imports modules.
 func (d *driver) startWorker(modules []string) (*worker, error) {
 	ctlR, ctlW, err := os.Pipe()
 	if err != nil {
 		return nil, err
 	}
-	resR, resW, err := os.Pipe()
+	repR, repW, err := os.Pipe()
 	if err != nil {
+		ctlR.Close()
+		ctlW.Close()
 		return nil, err
 	}
-	outR, outW, errR, errW, err := outputPipes()
-	if err != nil {
-		return nil, err
-	}
-	proc, err := d.start(append([]string{Python, "-c", pythonWorker}, modules...), outW, errW, ctlR, resW)
+	c, err := d.startChild(append([]string{Python, "-c", pythonWorker}, modules...), ctlR, repW)
 	ctlR.Close()
-	resW.Close()
-	outW.Close()
-	errW.Close()
+	repW.Close()
 	if err != nil {
 		ctlW.Close()
-		resR.Close()
-		outR.Close()
-		errR.Close()
+		repR.Close()
 		return nil, err
 	}
-	w := &worker{proc: proc, ctl: ctlW, stdout: outR, stderr: errR, result: resR}
-	ready := make(chan error, 1)
-	go func() {
-		// Byte by byte: what follows "ready" is the exit report, read later.
-		var line []byte
-		b := make([]byte, 1)
-		for len(line) < 64 {
-			if _, err := resR.Read(b); err != nil {
-				ready <- err
-				return
-			}
-			line = append(line, b[0])
-			if b[0] == '\n' {
-				break
-			}
-		}
-		if string(line) != "ready\n" {
-			ready <- fmt.Errorf("worker said %q", line)
-			return
-		}
-		ready <- nil
-	}()
-	select {
-	case err = <-ready:
-	case <-time.After(preloadTimeout):
-		err = errors.New("worker did not finish its imports in time")
-	}
-	if err != nil {
-		// What the worker printed says why (an import error, say).
-		_ = unix.Kill(proc.Pid, unix.SIGKILL)
-		_, _ = proc.Wait()
-		b, _ := io.ReadAll(io.LimitReader(errR, 4096))
-		w.close()
-		return nil, fmt.Errorf("preload: %v: %s", err, b)
-	}
-	return w, nil
+	rep := &lineReader{f: repR, fd: int(repR.Fd())}
+	_ = unix.SetNonblock(rep.fd, true)
+	return &worker{child: c, ctl: ctlW, report: rep}, nil
 }
 
-func (w *worker) close() {
+// waitReady waits for the worker's "ready" line.
+func (w *worker) waitReady(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for !w.ready {
+		line, ok, err := w.report.next()
+		switch {
+		case err != nil:
+			b, _ := io.ReadAll(io.LimitReader(w.stderr, 4096))
+			return fmt.Errorf("preload: the worker ended: %s", b)
+		case ok && string(line) == "ready":
+			w.ready = true
+		case ok:
+			return fmt.Errorf("preload: the worker said %q", line)
+		case time.Now().After(deadline):
+			return errors.New("preload: the worker did not finish its imports in time")
+		default:
+			pollIn([]int{w.report.fd, w.waitFd}, 100*time.Millisecond)
+		}
+	}
+	return nil
+}
+
+func (w *worker) kill() {
+	_ = unix.Kill(w.pid, unix.SIGKILL)
+	pollIn([]int{w.waitFd}, time.Second)
 	w.ctl.Close()
-	w.stdout.Close()
-	w.stderr.Close()
-	w.result.Close()
+	w.report.f.Close()
+	w.close()
 }
 
+// stopWorker ends the preloaded worker, if any (a shell run needs none).
 func (d *driver) stopWorker() {
-	if d.worker == nil {
-		return
+	if d.worker != nil {
+		d.worker.kill()
+		d.worker = nil
 	}
-	// A plain kill(2): gVisor does not deliver os.Process.Kill's
-	// pidfd_send_signal.
-	_ = unix.Kill(d.worker.proc.Pid, unix.SIGKILL)
-	_, _ = d.worker.proc.Wait()
-	d.worker.close()
-	d.worker = nil
 }
 
-// outputPipes makes the pipes the code's stdout and stderr go to.
-func outputPipes() (outR, outW, errR, errW *os.File, err error) {
-	if outR, outW, err = os.Pipe(); err != nil {
-		return
-	}
-	if errR, errW, err = os.Pipe(); err != nil {
-		outR.Close()
-		outW.Close()
-	}
-	return
+// lineReader reads newline-terminated lines from a non-blocking fd.
+type lineReader struct {
+	f   *os.File
+	fd  int
+	buf []byte
+	eof bool
 }
 
-// start starts argv as the code's user, with stdin /dev/null, the given
-// stdout and stderr, and extra files as fds 3 and up.
-func (d *driver) start(argv []string, stdout, stderr *os.File, extra ...*os.File) (*os.Process, error) {
-	null, err := os.Open(os.DevNull)
-	if err != nil {
-		return nil, err
+// next returns a whole line when one is there, ok=false when not yet, and
+// an error at EOF or when a line grows past maxReport.
+func (l *lineReader) next() ([]byte, bool, error) {
+	for {
+		if i := indexByte(l.buf, '\n'); i >= 0 {
+			line := l.buf[:i]
+			l.buf = l.buf[i+1:]
+			return line, true, nil
+		}
+		if l.eof {
+			return nil, false, io.EOF
+		}
+		if len(l.buf) > maxReport {
+			return nil, false, errors.New("report line too long")
+		}
+		chunk := make([]byte, 64<<10)
+		n, err := unix.Read(l.fd, chunk)
+		if n > 0 {
+			l.buf = append(l.buf, chunk[:n]...)
+			continue
+		}
+		switch {
+		case err == nil:
+			l.eof = true
+		case errors.Is(err, unix.EAGAIN):
+			return nil, false, nil
+		case errors.Is(err, unix.EINTR):
+		default:
+			return nil, false, err
+		}
 	}
-	defer null.Close()
-	wd, _ := os.Getwd()
-	return os.StartProcess(argv[0], argv, &os.ProcAttr{
-		Dir:   wd,
-		Env:   os.Environ(),
-		Files: append([]*os.File{null, stdout, stderr}, extra...),
-		Sys: &syscall.SysProcAttr{
-			Credential: &syscall.Credential{Uid: uint32(d.uid), Gid: uint32(d.gid), Groups: []uint32{}},
-			Setsid:     true,
-		},
-	})
 }
 
-// run places the work's code and runs it to the end, relaying its output.
-func (d *driver) run(work Work) Exit {
-	file, argv := "main.py", []string{Python, "-c", PythonBootstrap}
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+// pollIn waits up to d for any of fds to be readable.
+func pollIn(fds []int, d time.Duration) {
+	pfds := make([]unix.PollFd, len(fds))
+	for i, fd := range fds {
+		pfds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	}
+	_, _ = unix.Poll(pfds, int(d.Milliseconds()))
+}
+
+// run places a piece of work and runs it: a Python cell in the worker, or
+// a shell script in a new bash. In a session the worker stays for the next
+// cell; otherwise everything the code started is killed when it ends, as
+// when a cold sandbox's main process ends.
+func (d *driver) run(work Work, session bool) (*Rich, Exit) {
+	d.cells++
+	var file string
 	switch work.Lang {
 	case "python":
+		file = "main.py"
 	case "shell":
-		file, argv = "main.sh", []string{Bash, filepath.Join(d.codeDir, "main.sh")}
+		file = "main.sh"
 	default:
-		d.stopWorker()
-		return Exit{Code: 127, Error: fmt.Sprintf("unknown language %q", work.Lang)}
+		return nil, Exit{Code: 127, Error: fmt.Sprintf("unknown language %q", work.Lang)}
+	}
+	if session {
+		file = fmt.Sprintf("cell-%d%s", d.cells, filepath.Ext(file))
+	}
+	path := filepath.Join(d.codeDir, file)
+	// Files under OutDir changed from here on are the run's.
+	since := fileClock()
+	if work.Rich == (RichCaps{}) {
+		work.Rich = DefaultRichCaps
 	}
 	if err := d.place(file, work); err != nil {
-		d.stopWorker()
-		return Exit{Code: 127, Error: err.Error()}
+		return nil, Exit{Code: 127, Error: err.Error()}
 	}
 	d.mark("placed")
-
-	var c child
-	if work.Lang == "python" && d.worker != nil {
-		w := d.worker
-		d.worker = nil
-		if _, err := w.ctl.Write([]byte("go\n")); err != nil {
-			return Exit{Code: 127, Error: "start the code: " + err.Error()}
+	if work.Lang == "shell" {
+		if !session {
+			d.stopWorker() // its memory and processes are the script's now
 		}
-		w.ctl.Close()
-		d.mark("go_sent")
-		c = child{proc: w.proc, stdout: w.stdout, stderr: w.stderr, result: w.result}
-	} else {
-		d.stopWorker()
-		var err error
-		if c, err = d.startChild(argv, work.Lang == "python"); err != nil {
-			return Exit{Code: 127, Error: "start the code: " + err.Error()}
+		c, err := d.startChild([]string{Bash, path})
+		if err != nil {
+			return nil, Exit{Code: 127, Error: "start the code: " + err.Error()}
 		}
+		defer c.close()
+		d.mark("started")
+		exit := d.relay(c, nil, session).Exit
+		return d.collect(nil, since, work.Rich).Clamp(work.Rich), exit
+	}
+	if d.worker == nil {
+		modules := []string(nil)
+		if session {
+			modules = d.modules // a session lives long: give it what a warm one has
+		}
+		w, err := d.startWorker(modules)
+		if err != nil {
+			return nil, Exit{Code: 127, Error: "start the code: " + err.Error()}
+		}
+		d.worker = w
 		d.mark("started")
 	}
-	return d.relay(c)
+	mode := "once"
+	if session {
+		mode = "session"
+	}
+	cmd, _ := json.Marshal(map[string]any{"path": path, "mode": mode, "caps": work.Rich})
+	if _, err := d.worker.ctl.Write(append(cmd, '\n')); err != nil {
+		d.stopWorker()
+		return nil, Exit{Code: 127, Error: "start the code: " + err.Error(), Lost: session}
+	}
+	d.mark("go_sent")
+	w := d.worker
+	exit := d.relay(w.child, w, session)
+	if exit.rich == nil && (exit.Lost || !session) {
+		// The interpreter is gone without a report.
+		d.worker = nil
+		w.ctl.Close()
+		w.report.f.Close()
+		w.close()
+	}
+	rich := exit.rich
+	if !exit.Lost {
+		rich = d.collect(rich, since, work.Rich)
+	}
+	return rich.Clamp(work.Rich), exit.Exit
 }
 
-// child is the code's main process and the read ends of its pipes.
-type child struct {
-	proc           *os.Process
-	stdout, stderr *os.File
-	// result is where the Python bootstrap reports its exit status before
-	// the interpreter is torn down; nil for the shell.
-	result *os.File
+// fileClock is now as file timestamps tell it. Linux stamps files from
+// the coarse clock, which lags the precise one by up to a tick: compared
+// with time.Now, a file written a moment later could seem older.
+func fileClock() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts); err != nil {
+		return time.Now().Add(-20 * time.Millisecond).UnixNano()
+	}
+	return ts.Nano()
 }
 
-// startChild starts argv as the code with fresh pipes; a Python child also
-// gets the exit report pipe as fd 4.
-func (d *driver) startChild(argv []string, report bool) (child, error) {
-	outR, outW, errR, errW, err := outputPipes()
-	if err != nil {
-		return child{}, err
+// collect adds to r the files under OutDir modified since the run began,
+// read by the file helper as the code's user. Most runs leave no OutDir,
+// and pay only for one lstat.
+func (d *driver) collect(r *Rich, since int64, caps RichCaps) *Rich {
+	if st, err := os.Lstat(filepath.Join(d.workspace, "out")); err != nil || !st.IsDir() {
+		return r
 	}
-	resR, resW, err := os.Pipe()
-	if err != nil {
-		outR.Close()
-		outW.Close()
-		errR.Close()
-		errW.Close()
-		return child{}, err
+	payload, _ := json.Marshal(FileOp{Op: "collect", Path: "out", Since: since, Caps: &caps})
+	res := d.fileOp(payload)
+	d.mark("collected")
+	if len(res.Files) == 0 && !res.Truncated {
+		return r
 	}
-	// fd 3 is the worker's control pipe; a cold child has none, so fd 3 is
-	// /dev/null (the bootstrap closes it) and the result pipe is fd 4 in both.
-	null, err := os.Open(os.DevNull)
-	if err == nil {
-		extra := []*os.File{null, resW}
-		if !report {
-			extra = nil
-		}
-		var proc *os.Process
-		proc, err = d.start(argv, outW, errW, extra...)
-		null.Close()
-		if err == nil {
-			outW.Close()
-			errW.Close()
-			resW.Close()
-			c := child{proc: proc, stdout: outR, stderr: errR, result: resR}
-			if !report {
-				resR.Close()
-				c.result = nil
-			}
-			return c, nil
-		}
+	if r == nil {
+		r = &Rich{}
 	}
-	for _, f := range []*os.File{outR, outW, errR, errW, resR, resW} {
-		f.Close()
-	}
-	return child{}, err
+	r.Files, r.FilesTruncated = res.Files, res.Truncated
+	return r
 }
 
-// relay frames the child's output until it reports its exit (Python) or
-// ends, then reports how it ended. Output is read with one poll loop, so
-// that when the exit report arrives everything printed before it is
-// already in the pipes and is drained first.
-func (d *driver) relay(c child) Exit {
-	waitR, waitW, err := os.Pipe()
-	if err != nil {
-		_ = unix.Kill(c.proc.Pid, unix.SIGKILL)
-		return Exit{Code: 127, Error: err.Error()}
-	}
-	var status syscall.WaitStatus
-	var waitErr error
-	go func() {
-		st, err := c.proc.Wait()
-		if err == nil {
-			status = st.Sys().(syscall.WaitStatus)
-		}
-		waitErr = err
-		waitW.Write([]byte{1})
-		waitW.Close()
-	}()
-	defer waitR.Close()
-	streams := map[int]byte{int(c.stdout.Fd()): FrameStdout, int(c.stderr.Fd()): FrameStderr}
-	for fd := range streams {
-		_ = unix.SetNonblock(fd, true)
-	}
-	defer c.stdout.Close()
-	defer c.stderr.Close()
-	resFd := -1
-	if c.result != nil {
-		defer c.result.Close()
-		resFd = int(c.result.Fd())
-	}
-	waitFd := int(waitR.Fd())
+// relayed is how a piece of work ended.
+type relayed struct {
+	Exit
+	rich *Rich
+}
+
+// relay frames the child's output until the work ends: the worker reports
+// the cell (Python), or the child exits. One poll loop reads everything,
+// so when the report arrives whatever was printed before it is already in
+// the pipes and is read first. An interrupt from the host stops the work.
+func (d *driver) relay(c *child, w *worker, session bool) relayed {
+	streams := map[int]byte{c.outFd: FrameStdout, c.errFd: FrameStderr}
 	buf := make([]byte, 32<<10)
-	var report []byte
-
-	// readStream frames what fd has now; false once it reached EOF.
 	readStream := func(fd int) bool {
 		for {
 			n, err := unix.Read(fd, buf)
@@ -442,24 +595,37 @@ func (d *driver) relay(c child) Exit {
 			return n != 0 && errors.Is(err, unix.EAGAIN)
 		}
 	}
-	drainOpen := func() {
+	drain := func() {
 		for fd := range streams {
 			if !readStream(fd) {
 				delete(streams, fd)
 			}
 		}
 	}
+	waitFd, intrFd := c.waitFd, d.intrFd
+	var interrupted time.Time
 	for {
-		pfds := []unix.PollFd{{Fd: int32(waitFd), Events: unix.POLLIN}}
+		pfds := []unix.PollFd{{Fd: int32(waitFd), Events: unix.POLLIN}, {Fd: int32(intrFd), Events: unix.POLLIN}}
 		for fd := range streams {
 			pfds = append(pfds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
-		if resFd >= 0 {
-			pfds = append(pfds, unix.PollFd{Fd: int32(resFd), Events: unix.POLLIN})
+		if w != nil {
+			pfds = append(pfds, unix.PollFd{Fd: int32(w.report.fd), Events: unix.POLLIN})
 		}
-		if _, err := unix.Poll(pfds, -1); err != nil && !errors.Is(err, unix.EINTR) {
-			_ = unix.Kill(c.proc.Pid, unix.SIGKILL)
-			return Exit{Code: 127, Error: "poll: " + err.Error()}
+		timeout := -1
+		if !interrupted.IsZero() {
+			timeout = int(max(time.Until(interrupted.Add(interruptGrace)), 0).Milliseconds())
+		}
+		n, err := unix.Poll(pfds, timeout)
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			_ = unix.Kill(c.pid, unix.SIGKILL)
+			return relayed{Exit: Exit{Code: 127, Error: "poll: " + err.Error(), Lost: session}}
+		}
+		if n == 0 && !interrupted.IsZero() {
+			// The cell did not unwind in time: kill the interpreter.
+			_ = unix.Kill(c.pid, unix.SIGKILL)
+			interrupted = time.Now().Add(time.Hour)
+			continue
 		}
 		for _, p := range pfds {
 			if p.Revents == 0 {
@@ -467,40 +633,51 @@ func (d *driver) relay(c child) Exit {
 			}
 			fd := int(p.Fd)
 			switch {
-			case fd == resFd:
-				n, _ := unix.Read(fd, buf)
-				if n <= 0 {
-					resFd = -1 // the child is gone without a report
-					continue
+			case fd == intrFd:
+				var b [16]byte
+				_, _ = unix.Read(intrFd, b[:])
+				if interrupted.IsZero() {
+					interrupted = time.Now()
+					if w != nil {
+						_ = unix.Kill(c.pid, unix.SIGINT) // KeyboardInterrupt in the cell
+					} else {
+						_ = unix.Kill(-c.pid, unix.SIGKILL) // the script's whole group
+					}
 				}
-				report = append(report, buf[:n]...)
-				if code, ok := parseReport(report); ok {
-					// Printed before the report: already in the pipes.
-					drainOpen()
+			case w != nil && fd == w.report.fd:
+				// Every whole line now: poll does not see what is buffered.
+				for {
+					line, ok, err := w.report.next()
+					if err != nil || !ok {
+						break // at EOF the exit shows on the wait pipe
+					}
+					if !w.ready && string(line) == "ready" {
+						w.ready = true // a cold worker's first word
+						continue
+					}
+					drain()
 					d.mark("reported")
-					return Exit{Code: code}
+					return d.reported(line, !interrupted.IsZero())
 				}
 			case fd == waitFd:
 				d.mark("exited")
-				// The code's main process is gone: so is everything it
-				// started, as when a cold sandbox's main process ends.
-				// Then its pipes close, and whatever is left in them is read.
-				_ = unix.Kill(-1, unix.SIGKILL)
-				reapAll()
+				if session && w == nil {
+					_ = unix.Kill(-c.pid, unix.SIGKILL) // what the script left running
+				} else if !session {
+					killAll(c.pid)
+				}
+				reapExited()
 				for len(streams) > 0 {
-					drainOpen()
+					drain()
 					if len(streams) > 0 {
 						time.Sleep(time.Millisecond)
 					}
 				}
 				d.mark("drained")
-				if waitErr != nil {
-					return Exit{Code: 127, Error: "wait for the code: " + waitErr.Error()}
-				}
-				if status.Signaled() {
-					return Exit{Code: 128 + int(status.Signal()), Signal: int(status.Signal())}
-				}
-				return Exit{Code: status.ExitStatus()}
+				exit := c.exit()
+				exit.Interrupted = !interrupted.IsZero()
+				exit.Lost = session && w != nil
+				return relayed{Exit: exit}
 			default:
 				if !readStream(fd) {
 					delete(streams, fd)
@@ -510,21 +687,32 @@ func (d *driver) relay(c child) Exit {
 	}
 }
 
-// parseReport reads the bootstrap's "exit N" line.
-func parseReport(b []byte) (int, bool) {
-	line, _, ok := strings.Cut(string(b), "\n")
-	if !ok {
-		return 0, false
+// reported turns the worker's report line into the cell's end.
+func (d *driver) reported(line []byte, interrupted bool) relayed {
+	var rep struct {
+		Exit           int       `json:"exit"`
+		Display        string    `json:"display"`
+		Images         []string  `json:"images"`
+		ImagesSkipped  int       `json:"images_skipped"`
+		FigureError    string    `json:"figure_error"`
+		Files          []OutFile `json:"files"`
+		FilesTruncated bool      `json:"files_truncated"`
+		Interrupted    bool      `json:"interrupted"`
 	}
-	v, found := strings.CutPrefix(line, "exit ")
-	if !found {
-		return 0, false
+	if err := json.Unmarshal(line, &rep); err != nil {
+		return relayed{Exit: Exit{Code: 127, Error: "unreadable report from the Python worker"}}
 	}
-	code, err := strconv.Atoi(v)
-	if err != nil || code < 0 || code > 255 {
-		return 0, false
+	r := &Rich{Display: rep.Display, ImagesSkipped: rep.ImagesSkipped, FigureError: rep.FigureError, Files: rep.Files, FilesTruncated: rep.FilesTruncated}
+	for _, s := range rep.Images {
+		if b, err := decodeB64(s); err == nil {
+			r.Images = append(r.Images, b)
+		}
 	}
-	return code, true
+	exit := Exit{Code: rep.Exit, Interrupted: interrupted || rep.Interrupted}
+	if r.Display == "" && len(r.Images) == 0 && len(r.Files) == 0 && r.ImagesSkipped == 0 && r.FigureError == "" {
+		r = nil
+	}
+	return relayed{Exit: exit, rich: r}
 }
 
 // place writes the code and its files, root-owned and world-readable.
@@ -543,9 +731,20 @@ func (d *driver) place(file string, work Work) error {
 	return nil
 }
 
-// reapAll collects every exited child (orphans come to init), waiting at
-// most a second for ones still dying.
-func reapAll() {
+// killAll kills what the code left running when its main process ended.
+// As the sandbox's init, the driver kills every other process (kill -1);
+// run elsewhere (its tests), only the code's process group.
+func killAll(pid int) {
+	if os.Getpid() == 1 {
+		_ = unix.Kill(-1, unix.SIGKILL)
+		return
+	}
+	_ = unix.Kill(-pid, unix.SIGKILL)
+}
+
+// reapExited collects every exited child (orphans come to init), waiting
+// at most a second for ones still dying.
+func reapExited() {
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		var ws unix.WaitStatus
@@ -554,7 +753,101 @@ func reapAll() {
 			return
 		}
 		if pid <= 0 {
-			time.Sleep(5 * time.Millisecond)
+			return
 		}
 	}
+}
+
+// session serves work, file operations and interrupts until stdin ends.
+func (d *driver) session(in *Reader) {
+	type msg struct {
+		t byte
+		p []byte
+	}
+	work := make(chan msg, 16)
+	go func() {
+		defer close(work)
+		for {
+			t, p, err := in.Next()
+			if err != nil {
+				return
+			}
+			if t == FrameInterrupt {
+				_, _ = d.intrW.Write([]byte{1})
+				continue
+			}
+			work <- msg{t, p}
+		}
+	}()
+	for m := range work {
+		// An interrupt that came after its cell ended must not hit the next.
+		for {
+			var b [16]byte
+			if n, _ := unix.Read(d.intrFd, b[:]); n <= 0 {
+				break
+			}
+		}
+		switch m.t {
+		case FrameWork:
+			var w Work
+			if err := json.Unmarshal(m.p, &w); err != nil {
+				_ = d.out.writeJSON(FrameExit, Exit{Code: 127, Error: "bad work frame: " + err.Error()})
+				continue
+			}
+			d.t0, d.trace, d.timings = time.Now(), w.Trace, nil
+			rich, exit := d.run(w, true)
+			exit.Timings = d.timings
+			if rich != nil {
+				_ = d.out.writeJSON(FrameResult, rich)
+			}
+			_ = d.out.writeJSON(FrameExit, exit)
+		case FrameFileOp:
+			_ = d.out.writeJSON(FrameFileResult, d.fileOp(m.p))
+		}
+	}
+	d.stopWorker()
+}
+
+// fileOp runs one file operation in a helper process: this same binary,
+// started as the code's user, so that what the code could not read or
+// write, the operation cannot either.
+func (d *driver) fileOp(payload []byte) FileResult {
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return FileResult{Error: err.Error()}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		self = Path
+	}
+	c, err := d.spawn([]string{self, "--fileop", "--workspace", d.workspace},
+		spawnOpts{stdin: inR, dir: d.workspace, env: []string{"PATH=/usr/bin:/bin"}})
+	inR.Close()
+	if err != nil {
+		inW.Close()
+		return FileResult{Error: "start the file helper: " + err.Error()}
+	}
+	defer c.close()
+	go func() {
+		_, _ = inW.Write(payload)
+		inW.Close()
+	}()
+	out, err := io.ReadAll(io.LimitReader(c.stdout, MaxFrame))
+	pollIn([]int{c.waitFd}, 5*time.Second)
+	if err != nil {
+		return FileResult{Error: "file helper: " + err.Error()}
+	}
+	var res FileResult
+	if err := json.Unmarshal(out, &res); err != nil {
+		msg, _ := io.ReadAll(io.LimitReader(c.stderr, 2048))
+		return FileResult{Error: fmt.Sprintf("file helper failed: %s", strings.TrimSpace(string(msg)))}
+	}
+	return res
+}
+
+// decodeB64 decodes standard base64.
+func decodeB64(s string) ([]byte, error) {
+	var b []byte
+	err := json.Unmarshal([]byte(`"`+s+`"`), &b)
+	return b, err
 }

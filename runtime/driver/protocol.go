@@ -15,11 +15,13 @@ package driver
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 )
 
 // Frame types.
@@ -34,9 +36,20 @@ const (
 	// FrameExit (driver → host): the code's main process ended and its
 	// output is all sent; payload Exit.
 	FrameExit byte = 'X'
-	// FrameResult (driver → host): the end of one cell in a session;
-	// payload Cell.
+	// FrameResult (driver → host): what a Python run shows besides its
+	// output (a final expression's value, figures, files); payload Rich.
+	// It comes just before FrameExit.
 	FrameResult byte = 'R'
+	// FrameSession (host → driver): keep the interpreter and serve many
+	// pieces of work, file operations and interrupts until stdin ends.
+	FrameSession byte = 'S'
+	// FrameFileOp (host → driver): a file operation in /workspace; payload
+	// FileOp. FrameFileResult (driver → host) answers it; payload FileResult.
+	FrameFileOp     byte = 'F'
+	FrameFileResult byte = 'f'
+	// FrameInterrupt (host → driver): stop the work in progress (a
+	// session's cell that ran out of time), keeping the session if it can.
+	FrameInterrupt byte = 'I'
 )
 
 // MaxFrame bounds a frame's payload. The host refuses larger frames, so a
@@ -68,6 +81,76 @@ type Work struct {
 	Files map[string][]byte `json:"files,omitempty"`
 	// Trace asks for Exit.Timings, for profiling.
 	Trace bool `json:"trace,omitempty"`
+	// Rich bounds what a Python run may return besides its output.
+	Rich RichCaps `json:"rich"`
+}
+
+// RichCaps bound a run's rich results.
+type RichCaps struct {
+	DisplayBytes    int `json:"display_bytes"`
+	MaxImages       int `json:"max_images"`
+	ImageBytes      int `json:"image_bytes"`
+	MaxFiles        int `json:"max_files"`
+	EmbedBytes      int `json:"embed_bytes"`
+	EmbedTotalBytes int `json:"embed_total_bytes"`
+}
+
+// DefaultRichCaps are the bounds when the host gives none.
+var DefaultRichCaps = RichCaps{DisplayBytes: 64 << 10, MaxImages: 4, ImageBytes: 1 << 20, MaxFiles: 100, EmbedBytes: 64 << 10, EmbedTotalBytes: 256 << 10}
+
+// Rich is what a Python run shows besides its output.
+type Rich struct {
+	// Display is the value of a final expression, as text.
+	Display string `json:"display,omitempty"`
+	// Images are the matplotlib figures open at the end, as PNG.
+	Images        [][]byte `json:"images,omitempty"`
+	ImagesSkipped int      `json:"images_skipped,omitempty"`
+	FigureError   string   `json:"figure_error,omitempty"`
+	// Files are the files under OutDir, with the small ones' content.
+	Files          []OutFile `json:"files,omitempty"`
+	FilesTruncated bool      `json:"files_truncated,omitempty"`
+}
+
+// OutFile is one file the code left under OutDir.
+type OutFile struct {
+	// Path is relative to /workspace.
+	Path    string `json:"path"`
+	Size    int64  `json:"size"`
+	Content []byte `json:"content,omitempty"`
+}
+
+// FileOp is a file operation in /workspace, done as the code's user.
+type FileOp struct {
+	// Op is "write", "read", "list" or "collect".
+	Op   string `json:"op"`
+	Path string `json:"path"`
+	Data []byte `json:"data,omitempty"`
+	// MaxBytes bounds a read.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	// Since and Caps are for "collect", which lists the regular files
+	// under Path modified at or after Since (Unix nanoseconds), with the
+	// small ones' content, within Caps.
+	Since int64     `json:"since,omitempty"`
+	Caps  *RichCaps `json:"caps,omitempty"`
+}
+
+// FileResult answers a FileOp.
+type FileResult struct {
+	Error     string  `json:"error,omitempty"`
+	Data      []byte  `json:"data,omitempty"`
+	Size      int64   `json:"size,omitempty"`
+	Truncated bool    `json:"truncated,omitempty"`
+	Entries   []Entry `json:"entries,omitempty"`
+	// Files answer "collect".
+	Files []OutFile `json:"files,omitempty"`
+}
+
+// Entry is one directory entry of a list.
+type Entry struct {
+	Name string `json:"name"`
+	// Type is "file", "dir", "symlink" or "other".
+	Type string `json:"type"`
+	Size int64  `json:"size"`
 }
 
 // Exit is how the code's main process ended.
@@ -80,6 +163,11 @@ type Exit struct {
 	// Timings are milliseconds from the work's arrival to each step, when
 	// Work.Trace asked for them.
 	Timings map[string]float64 `json:"timings,omitempty"`
+	// Interrupted says the work was stopped by FrameInterrupt.
+	Interrupted bool `json:"interrupted,omitempty"`
+	// Lost says a session's Python interpreter is gone (it was killed or
+	// exited): the session's state with it.
+	Lost bool `json:"lost,omitempty"`
 }
 
 // Writer writes frames. It is not safe for concurrent use; callers
@@ -139,4 +227,61 @@ func (r *Reader) Next() (byte, []byte, error) {
 		return 0, nil, err
 	}
 	return hdr[0], p, nil
+}
+
+// pngMagic starts every PNG file.
+var pngMagic = []byte("\x89PNG\r\n\x1a\n")
+
+// Clamp holds r to caps and drops what is not what it claims to be: the
+// report comes from the interpreter the user's code runs in, so the driver
+// and the host each clamp it rather than trust the worker's own bounds.
+// It returns nil when nothing is left.
+func (r *Rich) Clamp(caps RichCaps) *Rich {
+	if r == nil {
+		return nil
+	}
+	if caps == (RichCaps{}) {
+		caps = DefaultRichCaps
+	}
+	if len(r.Display) > caps.DisplayBytes {
+		cut := caps.DisplayBytes
+		for cut > 0 && !utf8.RuneStart(r.Display[cut]) {
+			cut--
+		}
+		r.Display = r.Display[:cut] + fmt.Sprintf("\n[airlock: display truncated at %d bytes]", caps.DisplayBytes)
+	}
+	var images [][]byte
+	for _, img := range r.Images {
+		if len(images) < caps.MaxImages && len(img) <= caps.ImageBytes && bytes.HasPrefix(img, pngMagic) {
+			images = append(images, img)
+		} else {
+			r.ImagesSkipped++
+		}
+	}
+	r.Images = images
+	var files []OutFile
+	budget := caps.EmbedTotalBytes
+	for _, f := range r.Files {
+		parts, err := CheckPath(f.Path, false)
+		if err != nil || len(parts) < 2 || parts[0] != "out" || f.Size < 0 {
+			continue
+		}
+		if len(files) >= caps.MaxFiles {
+			r.FilesTruncated = true
+			break
+		}
+		if len(f.Content) > caps.EmbedBytes || len(f.Content) > budget || int64(len(f.Content)) != f.Size {
+			f.Content = nil
+		}
+		budget -= len(f.Content)
+		files = append(files, f)
+	}
+	r.Files = files
+	if len(r.FigureError) > 1024 {
+		r.FigureError = r.FigureError[:1024]
+	}
+	if r.Display == "" && len(r.Images) == 0 && len(r.Files) == 0 && r.ImagesSkipped == 0 && r.FigureError == "" {
+		return nil
+	}
+	return r
 }

@@ -54,7 +54,8 @@ describe('airlock over stdio (one server)', { timeout: 15 * 60_000 }, () => {
   test('tools/list: the run tools, input schemas, all four annotations as booleans', w(async () => {
     const { tools } = await srv.client.listTools();
     const byName = Object.fromEntries(tools.map((t) => [t.name, t]));
-    assert.deepEqual(Object.keys(byName).sort(), ['cancel_run', 'list_runs', 'run_python', 'run_shell']);
+    assert.deepEqual(Object.keys(byName).sort(), ['cancel_run', 'list_files', 'list_runs', 'read_file', 'run_python', 'run_shell',
+      'session_close', 'session_create', 'session_list', 'write_file']);
     // The run registry's tools: list_runs only reads, cancel_run needs a run id.
     assert.deepEqual(byName.cancel_run.inputSchema.required, ['run_id']);
     for (const [name, readOnly] of [['list_runs', true], ['cancel_run', false]]) {
@@ -70,7 +71,7 @@ describe('airlock over stdio (one server)', { timeout: 15 * 60_000 }, () => {
       assert.ok(t.description && t.description.length > 50, `${name}: description`);
       const s = t.inputSchema;
       assert.equal(s.type, 'object', `${name}: inputSchema.type`);
-      assert.deepEqual(Object.keys(s.properties).sort(), [key, 'timeout_s'].sort(), `${name}: properties`);
+      assert.deepEqual(Object.keys(s.properties).sort(), [key, 'session_id', 'timeout_s'].sort(), `${name}: properties`);
       assert.equal(s.properties[key].type, 'string', `${name}.${key}: type`);
       assert.deepEqual(s.required, [key], `${name}: required`);
       assert.equal(s.properties.timeout_s.type, 'integer', `${name}.timeout_s: type`);

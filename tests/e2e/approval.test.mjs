@@ -127,6 +127,38 @@ describe('approval through elicitation (stdio)', { timeout: 10 * 60_000 }, () =>
       assert.ok(r.id && r.time && r.tool === 'run_python', JSON.stringify(r));
     }
   }));
+
+  test('a file written into a session is approved like code, and recorded', w(async () => {
+    const created = await srv.call('session_create', {});
+    assert.equal(created.isError, false, created.text);
+    const id = created.sc.session_id;
+    const before = (await auditRecords(auditFile)).length;
+    // Denied: the human saw the path and the exact content; nothing is written.
+    user.next = { action: 'decline' };
+    const denied = await srv.call('write_file', { session_id: id, path: 'job.py', content: "import os\nos.system('id')\n" });
+    assert.equal(denied.isError, true, denied.text);
+    assert.match(denied.text, /^Not run:/);
+    const shown = user.shown.at(-1);
+    assert.match(shown, /write_file/);
+    assert.match(shown, /# write_file job\.py \(26 bytes\)/);
+    assert.match(shown, /os\.system\('id'\)/);
+    assert.match(shown, new RegExp(`Session: ${id}`));
+    // Approved: written, then a run of it is approved on its own.
+    user.next = APPROVE;
+    const ok = await srv.call('write_file', { session_id: id, path: 'job.py', content: "print('from the file')\n" });
+    assert.equal(ok.isError, false, ok.text);
+    const run = await srv.python('exec(open("job.py").read())', { session_id: id });
+    assert.equal(run.sc.stdout, 'from the file\n', run.text);
+    assert.equal(user.shown.at(-1).includes('exec(open("job.py").read())'), true);
+    const recs = (await auditRecords(auditFile)).slice(before);
+    assert.deepEqual(recs.map((r) => [r.tool, r.decision, r.outcome]), [
+      ['write_file', 'denied', 'not_approved'], ['write_file', 'approved', 'ran'], ['run_python', 'approved', 'ran']]);
+    for (const r of recs) assert.equal(r.session, id);
+    assert.equal(recs[1].path, 'job.py');
+    assert.equal(recs[1].code, "print('from the file')\n");
+    assert.equal(recs[1].code_bytes, 23);
+    await srv.call('session_close', { session_id: id });
+  }));
 });
 
 describe('audit log that cannot be written', { timeout: 5 * 60_000 }, () => {

@@ -29,13 +29,7 @@ const runIdOf = (p) => /^\[([0-9a-f]{16}) /.exec(p.message ?? '')?.[1];
 
 describe('hosted mode: streamable HTTP and SSE with tokens', { timeout: 15 * 60_000 }, () => {
   let d, alice, bob;
-  const w = (fn) => async (t) => {
-    try {
-      await fn(t);
-    } catch (err) {
-      throw d.annotate(err);
-    }
-  };
+  const w = (fn) => async (t) => d.wrap(fn)(t);
 
   before(async () => {
     d = await startDaemon('hosted');
@@ -52,7 +46,8 @@ describe('hosted mode: streamable HTTP and SSE with tokens', { timeout: 15 * 60_
       const c = await d.client(kind, alice);
       try {
         const { tools } = await c.listTools();
-        assert.deepEqual(tools.map((t) => t.name).sort(), ['cancel_run', 'list_runs', 'run_python', 'run_shell']);
+        assert.deepEqual(tools.map((t) => t.name).sort(), ['cancel_run', 'list_files', 'list_runs', 'read_file', 'run_python', 'run_shell',
+          'session_close', 'session_create', 'session_list', 'write_file']);
         const r = await callWith(c, 'run_python', { code: `print(6 * 7, "${kind}")` });
         assert.equal(r.isError, false, r.text);
         assert.equal(r.sc.stdout, `42 ${kind}\n`);

@@ -157,13 +157,7 @@ export class Server {
    * error, so a red run shows what the server said.
    */
   wrap(fn) {
-    return async (t) => {
-      try {
-        await fn(t);
-      } catch (err) {
-        throw this.annotate(err);
-      }
-    };
+    return wrapping(this, fn);
   }
 
   async close() {
@@ -173,6 +167,17 @@ export class Server {
       if (this.dir) await rm(this.dir, { recursive: true, force: true });
     }
   }
+}
+
+/** A test body whose failure carries what owner (a Server or Daemon) logged. */
+function wrapping(owner, fn) {
+  return async (t) => {
+    try {
+      await fn(t);
+    } catch (err) {
+      throw owner.annotate(err);
+    }
+  };
 }
 
 /** Starts a server; extraConfig lines are appended to its config.yaml. */
@@ -480,6 +485,11 @@ export class Daemon {
     const e = err instanceof Error ? err : new Error(String(err));
     e.message += `\n----- daemon "${this.label}" stderr (last 6000) -----\n${this.stderr.slice(-6000)}\n-----`;
     return e;
+  }
+
+  /** Wraps a test body: a failure carries the daemon's stderr tail. */
+  wrap(fn) {
+    return wrapping(this, fn);
   }
 
   /** SIGTERM and wait for the exit. */

@@ -66,7 +66,9 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
   test('tools advertise the network arguments and the allowed domain', async () => {
     const { tools } = await srv.client.listTools();
     const shell = tools.find((t) => t.name === 'run_shell');
-    assert.deepEqual(Object.keys(shell.inputSchema.properties).sort(), ['allow_domains', 'command', 'network', 'timeout_s']);
+    assert.deepEqual(Object.keys(shell.inputSchema.properties).sort(), ['allow_domains', 'command', 'network', 'session_id', 'timeout_s']);
+    const create = tools.find((t) => t.name === 'session_create');
+    assert.deepEqual(Object.keys(create.inputSchema.properties).sort(), ['allow_domains', 'network', 'timeout_idle_s']);
     assert.match(shell.description, /allowed\.test/);
     assert.equal(shell.annotations.openWorldHint, true);
   });
@@ -81,6 +83,36 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
     assert.equal(no.isError, true);
     assert.deepEqual(no.sc.egress_denied, [{ host: 'other.test', port: 80, reason: 'not in allow-list' }]);
     assert.match(no.text, /other\.test:80: not in allow-list/);
+  });
+
+  test('a session keeps the network it was created with; each call reports its own refusals', async () => {
+    const created = await srv.call('session_create', { network: 'allowlist' });
+    assert.equal(created.isError, false, created.text);
+    const id = created.sc.session_id;
+    assert.equal(created.sc.network, 'allowlist');
+    assert.deepEqual(created.sc.allow_domains, ['allowed.test']);
+    try {
+      const no = await srv.shell('curl -fsS --max-time 10 http://other.test/hello.txt', { session_id: id });
+      assert.equal(no.isError, true);
+      assert.deepEqual(no.sc.egress_denied, [{ host: 'other.test', port: 80, reason: 'not in allow-list' }]);
+      const ok = await srv.shell('curl -sS --max-time 10 http://allowed.test/hello.txt', { session_id: id });
+      assert.equal(ok.sc.stdout, 'hello over mcp\n', ok.text);
+      assert.deepEqual(ok.sc.egress_denied, [], 'the earlier call\'s refusal is not this one\'s');
+      const py = await srv.python('import urllib.request\nurllib.request.urlopen("http://allowed.test/hello.txt", timeout=10).read().decode()', { session_id: id });
+      assert.equal(py.sc.display, "'hello over mcp\\n'", py.text);
+      const change = await srv.shell('true', { session_id: id, network: 'none' });
+      assert.equal(change.isError, true);
+      assert.match(change.text, /chosen at session_create/);
+      const grant = await srv.call('session_create', { network: 'allowlist', allow_domains: ['other.test'] });
+      assert.equal(grant.isError, true);
+    } finally {
+      await srv.call('session_close', { session_id: id });
+    }
+    const offline = await srv.call('session_create', {});
+    const off = await srv.shell('curl -sS --max-time 5 http://allowed.test/hello.txt', { session_id: offline.sc.session_id });
+    assert.equal(off.isError, true);
+    assert.doesNotMatch(off.sc.stdout, /hello over mcp/);
+    await srv.call('session_close', { session_id: offline.sc.session_id });
   });
 
   test('without network the same call has no network', async () => {

@@ -389,6 +389,20 @@ func (s *Server) Denials(runID string) []Denial {
 	return slices.Clone(run.denials)
 }
 
+// TakeDenials is Denials, and forgets them: a session's calls each report
+// the denials of their own time.
+func (s *Server) TakeDenials(runID string) []Denial {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	run := s.runs[runID]
+	if run == nil {
+		return nil
+	}
+	out := run.denials
+	run.denials, run.seen = nil, map[Denial]struct{}{}
+	return out
+}
+
 // admission is the outcome of matching a new connection to a run.
 type admission int
 

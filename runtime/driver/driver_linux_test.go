@@ -1,0 +1,323 @@
+package driver
+
+// These tests run the real driver binary on the host, as root, starting
+// the code as nobody: the protocol, one-shot and session runs, rich
+// results, file operations and interrupts. Inside a sandbox the same
+// binary is init; runtime/*_linux_test.go test it there.
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var driverBin string
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		if os.Geteuid() == 0 {
+			dir, err := os.MkdirTemp("", "airlock-driver-test-")
+			if err == nil {
+				defer os.RemoveAll(dir)
+				bin := filepath.Join(dir, "airlock-driver")
+				if out, err := exec.Command("go", "build", "-o", bin, "github.com/airlock-mcp/airlock/cmd/airlock-driver").CombinedOutput(); err == nil {
+					driverBin = bin
+					_ = os.Chmod(dir, 0o755)
+				} else {
+					os.Stderr.Write(out)
+				}
+			}
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// peer is a running driver and the host's end of its protocol.
+type peer struct {
+	t    *testing.T
+	cmd  *exec.Cmd
+	in   *Writer
+	inW  io.WriteCloser
+	out  *Reader
+	ws   string
+	uid  int
+	done chan struct{}
+}
+
+func startDriver(t *testing.T, args ...string) *peer {
+	t.Helper()
+	if driverBin == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("driver tests need root and the go toolchain under CI=true")
+		}
+		t.Skip("needs root to start code as another user")
+	}
+	if _, err := os.Stat(Python); err != nil {
+		t.Skipf("needs %s", Python)
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody")
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	// Not t.TempDir: its parent is 0700, and the code runs as nobody.
+	base, err := os.MkdirTemp("", "airlock-driver-run-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	_ = os.Chmod(base, 0o755)
+	ws := filepath.Join(base, "workspace")
+	code := filepath.Join(base, "code")
+	for _, d := range []string{ws, code} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = os.Chown(ws, uid, gid)
+	cmd := exec.Command(driverBin, append([]string{"--uid", nobody.Uid, "--gid", nobody.Gid, "--code-dir", code, "--workspace", ws}, args...)...)
+	cmd.Dir = ws
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LANG=C.UTF-8"}
+	inW, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &peer{t: t, cmd: cmd, in: NewWriter(inW), inW: inW, out: NewReader(outR), ws: ws, uid: uid, done: make(chan struct{})}
+	t.Cleanup(func() {
+		inW.Close()
+		select {
+		case <-p.wait():
+		case <-time.After(5 * time.Second):
+			_ = cmd.Process.Kill()
+			<-p.wait()
+		}
+	})
+	if typ, _, err := p.out.Next(); err != nil || typ != FrameHello {
+		t.Fatalf("first frame %q, %v; want hello", typ, err)
+	}
+	return p
+}
+
+func (p *peer) wait() chan struct{} {
+	select {
+	case <-p.done:
+		return p.done
+	default:
+	}
+	go func() {
+		_ = p.cmd.Wait()
+		select {
+		case <-p.done:
+		default:
+			close(p.done)
+		}
+	}()
+	return p.done
+}
+
+// result is everything the driver said about one piece of work.
+type result struct {
+	stdout, stderr string
+	rich           *Rich
+	exit           Exit
+}
+
+func (p *peer) send(t byte, v any) {
+	p.t.Helper()
+	if err := p.in.WriteJSON(t, v); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func (p *peer) collect() result {
+	p.t.Helper()
+	var r result
+	for {
+		t, payload, err := p.out.Next()
+		if err != nil {
+			p.t.Fatalf("driver stream ended: %v (so far %+v)", err, r)
+		}
+		switch t {
+		case FrameStdout:
+			r.stdout += string(payload)
+		case FrameStderr:
+			r.stderr += string(payload)
+		case FrameResult:
+			r.rich = &Rich{}
+			if err := json.Unmarshal(payload, r.rich); err != nil {
+				p.t.Fatal(err)
+			}
+		case FrameExit:
+			if err := json.Unmarshal(payload, &r.exit); err != nil {
+				p.t.Fatal(err)
+			}
+			return r
+		}
+	}
+}
+
+func TestOneShot(t *testing.T) {
+	cases := []struct {
+		name, lang, code string
+		stdout, display  string
+		exit             int
+	}{
+		{"print", "python", "print('hello')", "hello\n", "", 0},
+		{"last expression", "python", "x = 6\nx * 7", "", "42", 0},
+		{"exit status", "python", "import sys\nsys.exit(5)", "", "", 5},
+		{"runs as the code's user", "python", "import os\nprint(os.getuid() != 0)", "True\n", "", 0},
+		{"shell", "shell", "echo out; echo err >&2; exit 3", "out\n", "", 3},
+		// Output that looks like a frame is just output.
+		{"fake frame", "python", "import sys\nsys.stdout.write('X\\x00\\x00\\x00\\x02{}O\\x00\\x00\\x00\\x01!')\nsys.stdout.flush()", "X\x00\x00\x00\x02{}O\x00\x00\x00\x01!", "", 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := startDriver(t)
+			p.send(FrameWork, Work{Lang: c.lang, Code: c.code})
+			r := p.collect()
+			if r.stdout != c.stdout || r.exit.Code != c.exit {
+				t.Errorf("stdout %q exit %+v (stderr %q); want %q and %d", r.stdout, r.exit, r.stderr, c.stdout, c.exit)
+			}
+			if c.display != "" && (r.rich == nil || r.rich.Display != c.display) {
+				t.Errorf("rich = %+v, want display %q", r.rich, c.display)
+			}
+		})
+	}
+}
+
+func TestTracebackNamesTheUsersLines(t *testing.T) {
+	p := startDriver(t)
+	p.send(FrameWork, Work{Lang: "python", Code: "a = 1\n\ndef f():\n    raise ValueError('boom')\n\nf()\n"})
+	r := p.collect()
+	if r.exit.Code != 1 || !strings.Contains(r.stderr, "main.py\", line 4, in f") || !strings.Contains(r.stderr, "ValueError: boom") || strings.Contains(r.stderr, "_airlock") {
+		t.Errorf("traceback = %q", r.stderr)
+	}
+}
+
+func TestSession(t *testing.T) {
+	p := startDriver(t, "--preload", "--preload-modules=")
+	p.send(FrameSession, struct{}{})
+	cell := func(lang, code string) result {
+		t.Helper()
+		p.send(FrameWork, Work{Lang: lang, Code: code, Rich: RichCaps{DisplayBytes: 1000, MaxFiles: 10, EmbedBytes: 100, EmbedTotalBytes: 1000}})
+		return p.collect()
+	}
+	if r := cell("python", "x = 41"); r.exit.Code != 0 || r.rich != nil {
+		t.Fatalf("cell 1: %+v", r)
+	}
+	if r := cell("python", "x + 1"); r.rich == nil || r.rich.Display != "42" {
+		t.Fatalf("cell 2: %+v, want 42 from the state of cell 1", r)
+	}
+	if r := cell("python", "import sys\nsys.exit(3)"); r.exit.Code != 3 || r.exit.Lost {
+		t.Fatalf("sys.exit in a cell: %+v, want status 3 and the session kept", r)
+	}
+	if r := cell("python", "x"); r.rich == nil || r.rich.Display != "41" {
+		t.Fatalf("after sys.exit: %+v", r)
+	}
+	// Shell and Python share the workspace; files under out/ come back.
+	if r := cell("shell", "mkdir -p out/sub && echo hi > out/a.txt && head -c 500 /dev/zero > out/sub/big && ln -s / out/root && ln -s / link && echo ok"); r.stdout != "ok\n" ||
+		r.rich == nil || len(r.rich.Files) != 2 || r.rich.Files[0].Path != "out/a.txt" || string(r.rich.Files[0].Content) != "hi\n" ||
+		r.rich.Files[1].Path != "out/sub/big" || r.rich.Files[1].Size != 500 || r.rich.Files[1].Content != nil {
+		t.Fatalf("shell cell: %+v, want out/a.txt embedded, out/sub/big listed only, the link skipped", r.rich)
+	}
+	// Only what a call changes is its result: reading is not writing.
+	if r := cell("python", "print(open('out/a.txt').read(), end='')"); r.stdout != "hi\n" || r.rich != nil {
+		t.Fatalf("reading cell: %+v, want no files", r.rich)
+	}
+	if r := cell("python", "open('out/a.txt', 'a').write('again')"); r.rich == nil || r.rich.Display != "5" || len(r.rich.Files) != 1 || string(r.rich.Files[0].Content) != "hi\nagain" {
+		t.Fatalf("appending cell: %+v", r.rich)
+	}
+	// An interrupt stops the cell, not the session.
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		_ = p.in.Write(FrameInterrupt, nil)
+	}()
+	start := time.Now()
+	r := cell("python", "import time\ntime.sleep(30)")
+	if !r.exit.Interrupted || r.exit.Lost || !strings.Contains(r.stderr, "KeyboardInterrupt") || time.Since(start) > 5*time.Second {
+		t.Fatalf("interrupted cell: %+v after %v", r, time.Since(start))
+	}
+	if r := cell("python", "x"); r.rich == nil || r.rich.Display != "41" {
+		t.Fatalf("state after the interrupt: %+v", r)
+	}
+	// File operations run as the code's user and never follow links.
+	fileOp := func(op FileOp) FileResult {
+		t.Helper()
+		p.send(FrameFileOp, op)
+		typ, payload, err := p.out.Next()
+		if err != nil || typ != FrameFileResult {
+			t.Fatalf("file op answer %q %v", typ, err)
+		}
+		var res FileResult
+		_ = json.Unmarshal(payload, &res)
+		return res
+	}
+	if res := fileOp(FileOp{Op: "write", Path: "data/in.csv", Data: []byte("a,b\n1,2\n")}); res.Error != "" || res.Size != 8 {
+		t.Fatalf("write: %+v", res)
+	}
+	// Written as the code's user, not as root.
+	if st, err := os.Stat(filepath.Join(p.ws, "data/in.csv")); err != nil || int(st.Sys().(*syscall.Stat_t).Uid) != p.uid {
+		t.Errorf("written file: %v, owner %+v; want uid %d", err, st, p.uid)
+	}
+	if r := cell("python", "print(open('data/in.csv').read().count(','))"); r.stdout != "2\n" {
+		t.Fatalf("the code reads the written file: %+v", r)
+	}
+	if res := fileOp(FileOp{Op: "read", Path: "data/in.csv", MaxBytes: 3}); string(res.Data) != "a,b" || !res.Truncated || res.Size != 8 {
+		t.Fatalf("read with max_bytes: %+v", res)
+	}
+	list := fileOp(FileOp{Op: "list", Path: ""})
+	names := []string{}
+	for _, e := range list.Entries {
+		names = append(names, e.Name+":"+e.Type)
+	}
+	if strings.Join(names, ",") != "data:dir,link:symlink,out:dir" {
+		t.Fatalf("list: %+v", list)
+	}
+	for _, c := range []struct{ path, want string }{
+		{"link/etc/passwd", "symbolic link"},
+		{"../etc/passwd", `".."`},
+		{"/etc/passwd", "absolute"},
+		{"a\x00b", "NUL"},
+		{strings.Repeat("x/", 600), "longer than"},
+	} {
+		if res := fileOp(FileOp{Op: "read", Path: c.path}); res.Error == "" || !strings.Contains(res.Error, c.want) || len(res.Data) > 0 {
+			t.Errorf("read %q: %+v, want an error saying %q", c.path, res, c.want)
+		}
+	}
+	// The interpreter gone: the session says its state is lost.
+	if r := cell("python", "import os\nos._exit(7)"); !r.exit.Lost || r.exit.Code != 7 {
+		t.Fatalf("os._exit in a session: %+v", r)
+	}
+}
+
+// The worker shares its process with the user's code, which can write a
+// report of its own: the driver holds it to the caps all the same.
+func TestForgedReportIsClamped(t *testing.T) {
+	p := startDriver(t)
+	code := `import os
+os.write(4, b'{"exit": 0, "display": "' + b'A' * 5000 + b'", "images": ["bm90IGEgcG5n"], "files": [{"path": "../../etc/shadow", "size": 3, "content": "YWJj"}]}\n')
+`
+	p.send(FrameWork, Work{Lang: "python", Code: code, Rich: RichCaps{DisplayBytes: 1000, MaxImages: 4, ImageBytes: 1000, MaxFiles: 10, EmbedBytes: 100, EmbedTotalBytes: 1000}})
+	r := p.collect()
+	if r.rich == nil || len(r.rich.Display) > 1100 || !strings.Contains(r.rich.Display, "truncated") || len(r.rich.Images) != 0 || r.rich.ImagesSkipped != 1 || len(r.rich.Files) != 0 {
+		t.Fatalf("forged report came through as %+v", r.rich)
+	}
+}
