@@ -1,5 +1,5 @@
 # The README's two commands are `sudo make serve` and `sudo make test`.
-.PHONY: serve test build unit deps image bench
+.PHONY: serve test build unit deps image bench fuzz
 
 serve:
 	@bash scripts/serve.sh
@@ -20,6 +20,10 @@ image: build
 unit:
 	go test -short ./config ./tools ./server
 
-# The benchmark (about half an hour on 2 cores): bench-results/*.md, .json, .png.
+# The benchmark (about 50 minutes on 2 cores): bench-results/*.md, .json, .png.
 bench:
 	@bash scripts/bench.sh
+
+# Every fuzz target for FUZZ_BUDGET executions or time each (default 50000x).
+fuzz:
+	@bash scripts/fuzz.sh

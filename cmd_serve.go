@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/server"
 )
@@ -52,6 +54,11 @@ func (a *app) serveStdio(cmd *cobra.Command) error {
 			return err
 		}
 		defer closeHandlers()
+		stopMetrics, err := a.startMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
 		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
 		s := server.New(version, h)
 		workers := a.cfg.Limits.Concurrency + a.cfg.Limits.Queue + 8
@@ -81,6 +88,11 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			return err
 		}
 		defer closeHandlers()
+		stopMetrics, err := a.startMetrics(ctx)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
 		s := server.New(version, h)
 		srv, err := server.NewHTTP(s, server.HTTPOptions{
 			Listen: cfg.Server.Listen, Transports: transports,
@@ -89,6 +101,7 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			Tokens: tokens, AllowUnauthenticated: cfg.Auth.AllowUnauthenticated,
 			AllowedOrigins: cfg.Server.AllowedOrigins,
 			Ready:          stack.Ready,
+			Extra:          map[string]http.Handler{"/metrics": metrics.Handler()},
 			// A write_file of the largest file, base64-encoded, must fit.
 			MaxBody: max(8<<20, int64(cfg.Files.MaxFileMB)<<20*4/3+1<<20),
 			Log:     a.log,

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/airlock-mcp/airlock/approval"
+	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 	"github.com/airlock-mcp/airlock/tools"
@@ -25,6 +26,7 @@ func (a *app) handlers(ctx context.Context, s *boot.Stack) (*tools.Handlers, fun
 		AuditCode: cfg.Audit.IncludeCode,
 		Sessions:  cfg.Sessions, Files: cfg.Files, Rich: cfg.Rich,
 	}
+	metrics.SetSessionsActive(h.SessionsActive)
 	var closers []func()
 	closeAll := func() {
 		for i := len(closers) - 1; i >= 0; i-- {

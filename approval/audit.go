@@ -63,19 +63,24 @@ type Record struct {
 	StderrBytes int64  `json:"stderr_bytes"`
 	Truncated   bool   `json:"truncated"`
 	LimitHit    string `json:"limit_hit"`
+	// LimitsHit are further limits seen hit ("disk": the code filled
+	// /workspace or /tmp).
+	LimitsHit []string `json:"limits_hit,omitempty"`
 	// Error is the message the caller got when the call did not run.
 	Error string `json:"error,omitempty"`
 }
 
 // Outcomes of a call, as Record.Outcome names them.
 const (
-	OutcomeRan           = "ran"
-	OutcomeInvalid       = "invalid_arguments"
-	OutcomeNotApproved   = "not_approved"
-	OutcomeBusy          = "busy"
-	OutcomeClientLimit   = "client_limit"
-	OutcomeCancelled     = "cancelled"
-	OutcomeInfra         = "infrastructure_error"
+	OutcomeRan         = "ran"
+	OutcomeInvalid     = "invalid_arguments"
+	OutcomeNotApproved = "not_approved"
+	OutcomeBusy        = "busy"
+	OutcomeClientLimit = "client_limit"
+	OutcomeCancelled   = "cancelled"
+	OutcomeInfra       = "infrastructure_error"
+	// OutcomeCircuitOpen: refused at once while the circuit breaker is open.
+	OutcomeCircuitOpen   = "circuit_open"
 	OutcomeAuditDisabled = "audit_unavailable"
 	// OutcomeFileError: a write_file the sandbox refused (a bad path, a
 	// full workspace).

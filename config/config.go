@@ -6,6 +6,8 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"time"
@@ -44,6 +46,25 @@ type Config struct {
 	Server     ServerConfig     `mapstructure:"server"`
 	TLS        TLSConfig        `mapstructure:"tls"`
 	Auth       AuthConfig       `mapstructure:"auth"`
+	Breaker    BreakerConfig    `mapstructure:"breaker"`
+	Metrics    MetricsConfig    `mapstructure:"metrics"`
+}
+
+// BreakerConfig is the circuit breaker in front of sandbox creation.
+type BreakerConfig struct {
+	// Failures of sandbox creation or start within Window open the
+	// breaker; 0 turns it off.
+	Failures int           `mapstructure:"failures"`
+	Window   time.Duration `mapstructure:"window"`
+	// Cooldown is how long an open breaker refuses before one probe.
+	Cooldown time.Duration `mapstructure:"cooldown"`
+}
+
+// MetricsConfig is the Prometheus endpoint of stdio deployments (the HTTP
+// transports serve /metrics on their own listener).
+type MetricsConfig struct {
+	// Listen is a loopback address for /metrics; empty: none.
+	Listen string `mapstructure:"listen"`
 }
 
 // PoolConfig is the warm pool of sandboxes.
@@ -293,6 +314,7 @@ func Defaults() Config {
 		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16},
 		Files:    FilesConfig{MaxFileMB: 8},
 		Rich:     RichConfig{DisplayKB: 64, MaxImages: 4, ImageKB: 1024, MaxFiles: 100, EmbedKB: 64, EmbedTotalKB: 256},
+		Breaker:  BreakerConfig{Failures: 5, Window: time.Minute, Cooldown: 30 * time.Second},
 		Server: ServerConfig{
 			Listen:           "127.0.0.1:8765",
 			Socket:           "/run/airlock/airlock.sock",
@@ -381,6 +403,10 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("auth.tokens", d.Auth.Tokens)
 	v.SetDefault("auth.token_file", d.Auth.TokenFile)
 	v.SetDefault("auth.allow_unauthenticated", d.Auth.AllowUnauthenticated)
+	v.SetDefault("breaker.failures", d.Breaker.Failures)
+	v.SetDefault("breaker.window", d.Breaker.Window)
+	v.SetDefault("breaker.cooldown", d.Breaker.Cooldown)
+	v.SetDefault("metrics.listen", d.Metrics.Listen)
 }
 
 // Load reads the configuration. path may be empty: then ./config.yaml and
@@ -464,6 +490,10 @@ func (c Config) Validate() error {
 		{len(c.Approval.GrantableDomains) == 0 || c.Approval.Enabled(),
 			"approval.grantable_domains needs approval.mode always or rules: only a human can grant a domain"},
 		{c.Audit.MaxMB >= 0, "audit.max_mb must not be negative (0 disables rotation)"},
+		{c.Breaker.Failures >= 0 && (c.Breaker.Failures == 0 || c.Breaker.Window >= time.Second && c.Breaker.Cooldown >= time.Second),
+			"breaker.failures must not be negative (0 turns the breaker off), and breaker.window and breaker.cooldown at least 1s (write them with units: 60s, 30s)"},
+		{c.Metrics.Listen == "" || isLoopbackAddr(c.Metrics.Listen),
+			"metrics.listen serves without authentication: give it a loopback address (127.0.0.1:9464), or use the HTTP transport's /metrics, which takes bearer tokens"},
 		{c.Audit.Path == "" || strings.HasPrefix(c.Audit.Path, "/"), "audit.path must be an absolute path"},
 	}
 	for _, ch := range checks {
@@ -556,3 +586,16 @@ func (c Config) NetworkOffered() bool {
 
 // IsRoot reports whether the process runs as root, which sandboxes need.
 func IsRoot() bool { return os.Geteuid() == 0 }
+
+// isLoopbackAddr reports whether host:port binds to loopback only.
+func isLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -78,6 +79,8 @@ type Options struct {
 	PoolMaxIdle time.Duration
 	// PoolPreload are the Python modules a warm sandbox has imported.
 	PoolPreload []string
+	// Breaker stops sandbox creation while it keeps failing.
+	Breaker BreakerOptions
 }
 
 // ContainerdManager runs each request in a new gVisor sandbox via containerd.
@@ -91,6 +94,12 @@ type ContainerdManager struct {
 	stopEvents  context.CancelFunc
 	fifoDir     string
 	pool        *Pool
+	breaker     *Breaker
+	// restarts counts containerd going down and coming back.
+	restarts atomic.Uint64
+	// live are the sandboxes this manager holds, by container id.
+	liveMu sync.Mutex
+	live   map[string]*sandbox
 	// teardowns are sandboxes being destroyed after their run answered.
 	teardowns sync.WaitGroup
 }
@@ -111,6 +120,8 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 		admission: NewAdmission(o.Concurrency, o.Queue, o.QueueWait),
 		oom:       map[string]bool{},
 		fifoDir:   FIFODir(o.StateDir, o.InstanceID),
+		breaker:   NewBreaker(o.Breaker),
+		live:      map[string]*sandbox{},
 	}
 	if err := os.MkdirAll(m.fifoDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create fifo dir: %w", err)
@@ -264,6 +275,9 @@ func (m *ContainerdManager) WaitTeardowns() { m.teardowns.Wait() }
 // Pool is the warm pool, nil when it is off.
 func (m *ContainerdManager) Pool() *Pool { return m.pool }
 
+// Breaker is the circuit breaker in front of sandbox creation.
+func (m *ContainerdManager) Breaker() *Breaker { return m.breaker }
+
 // Admission is the manager's concurrency limit, for metrics and tests.
 func (m *ContainerdManager) Admission() *Admission { return m.admission }
 
@@ -285,6 +299,12 @@ func (m *ContainerdManager) Close(ctx context.Context) error {
 // RemoveSandboxes deletes airlock's containers (with tasks and snapshots)
 // whose owning instance id matches doomed, and returns how many it removed.
 func RemoveSandboxes(ctx context.Context, client *containerd.Client, namespace string, doomed func(instance string) bool) (int, error) {
+	return removeContainers(ctx, client, namespace, func(_, instance string) bool { return doomed(instance) })
+}
+
+// removeContainers deletes airlock's containers for which doomed(id,
+// owning instance) holds.
+func removeContainers(ctx context.Context, client *containerd.Client, namespace string, doomed func(id, instance string) bool) (int, error) {
 	ctx = namespaces.WithNamespace(ctx, namespace)
 	containers, err := client.Containers(ctx, "labels.\""+LabelInstance+"\"")
 	if err != nil {
@@ -294,7 +314,7 @@ func RemoveSandboxes(ctx context.Context, client *containerd.Client, namespace s
 	n := 0
 	for _, c := range containers {
 		labels, err := c.Labels(ctx)
-		if err != nil || !doomed(labels[LabelInstance]) {
+		if err != nil || !doomed(c.ID(), labels[LabelInstance]) {
 			continue
 		}
 		if t, err := c.Task(ctx, nil); err == nil {

@@ -369,9 +369,15 @@ func TestEgressNoLeaks(t *testing.T) {
 }
 
 // A server killed with SIGKILL mid-run leaves its sandbox, network namespace
-// and address behind; the next start removes them.
+// and address behind; the next start removes them, and leaves a live
+// instance's sandbox (a session of the test's own stack) alone.
 func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
-	need(t)
+	live := need(t)
+	sess, err := live.Manager.OpenSession(context.Background(), runtime.SessionOptions{ID: "s" + runtime.NewRunID(), Limits: limits()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
 	bin := filepath.Join(t.TempDir(), "airlock")
 	if out, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
 		t.Fatalf("build airlock: %v: %s", err, out)
@@ -408,6 +414,11 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 	if !netnsExists(victim) {
 		t.Fatal("nothing was left behind to clean up; the test proves nothing")
 	}
+	lctx := namespaces.WithNamespace(context.Background(), cfg.Containerd.Namespace)
+	left, _ := live.Client.Containers(lctx, "labels.\""+runtime.LabelInstance+"\"=="+victim)
+	if len(left) == 0 || len(sentryPIDs(t, left[0].ID())) == 0 {
+		t.Fatal("the killed instance's sandbox is not running; the test proves nothing")
+	}
 
 	s, err := boot.Up(context.Background(), cfg, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
@@ -430,6 +441,15 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 		if net.ParseIP(e.Name()) != nil {
 			t.Errorf("address allocation %s survived the restart", e.Name())
 		}
+	}
+	for _, c := range left {
+		if pids := sentryPIDs(t, c.ID()); len(pids) > 0 {
+			t.Errorf("the killed instance's sandbox %s still runs (runsc pids %v)", c.ID(), pids)
+		}
+	}
+	r, err := sess.Run(context.Background(), runtime.Request{Language: runtime.Python, Code: "print('still here')", Limits: limits()})
+	if err != nil || r.Stdout != "still here\n" {
+		t.Errorf("the live instance's session was touched by the cleanup: %+v, %v", r, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -96,6 +97,7 @@ func (p *Pool) take(ctx context.Context, networked bool, runID string) *sandbox 
 		default:
 		}
 		setCPUShares(e.s.id, cpuSharesNormal)
+		e.s.takenBy(runID)
 		// The run is known by its own id, whatever the sandbox was made as.
 		if _, err := e.s.container.SetLabels(namespaces.WithNamespace(ctx, p.m.o.Namespace), map[string]string{LabelRun: runID, LabelPool: "taken"}); err != nil {
 			p.m.o.Log.Warn("label pooled sandbox", "sandbox", e.s.id, "err", err)
@@ -118,6 +120,19 @@ func (p *Pool) retire(s *sandbox) {
 		defer p.m.teardowns.Done()
 		s.destroy()
 	}()
+}
+
+// drain destroys the sandboxes waiting; the filler makes new ones.
+func (p *Pool) drain() {
+	p.mu.Lock()
+	for key, list := range p.ready {
+		for _, e := range list {
+			p.retire(e.s)
+		}
+		p.ready[key] = nil
+	}
+	p.mu.Unlock()
+	p.kick()
 }
 
 // busy reports whether live runs want the machine: the filler waits then.
@@ -189,7 +204,11 @@ func (p *Pool) warmOne(networked bool) error {
 	}
 	setCPUShares(s.id, cpuSharesIdle)
 	h, err := s.waitHello(ctx)
-	if err == nil && !h.Preloaded {
+	if err != nil {
+		// Created but never ready: the sandbox did not start. (A preload
+		// that fails is the configuration's fault and opens nothing.)
+		p.m.breaker.Fail(fmt.Errorf("start pooled sandbox: %w", err))
+	} else if !h.Preloaded {
 		err = errString("worker preload failed: " + h.PreloadError)
 	}
 	if err != nil {

@@ -14,21 +14,30 @@ import (
 	"github.com/airlock-mcp/airlock/runtime/boot"
 )
 
+// managerOptions are the options of a second manager on the test stack,
+// logging at level.
+func managerOptions(t *testing.T, s *boot.Stack, level slog.Level) runtime.Options {
+	t.Helper()
+	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
+	img, err := s.Client.GetImage(ctx, s.Config.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := s.ManagerOptions(img, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Shim = s.Shim
+	return o
+}
+
 // poolManager starts a second manager on the test stack with a warm pool of
 // size n, and waits until it is full.
 func poolManager(t *testing.T, n, concurrency int) *runtime.ContainerdManager {
 	t.Helper()
 	s := need(t)
 	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
-	img, err := s.Client.GetImage(ctx, s.Config.Image)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := s.ManagerOptions(img, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Shim = s.Shim
+	o := managerOptions(t, s, slog.LevelWarn)
 	o.Concurrency, o.Queue = concurrency, 0
 	o.PoolSize, o.PoolLimits, o.PoolMaxIdle = n, boot.RunLimits(s.Config.Limits, 0), time.Hour
 	m, err := runtime.NewContainerd(ctx, o)

@@ -87,6 +87,9 @@ type Result struct {
 	Duration        time.Duration
 	// Reason is empty for a normal exit, else one of the Reason constants.
 	Reason string
+	// LimitsHit are limits seen hit from inside the sandbox besides
+	// Reason's: driver.LimitDisk when the code filled a filesystem.
+	LimitsHit []string
 	// EgressDenied lists the destinations the egress proxy refused.
 	EgressDenied []egress.Denial
 	// Warm says the run used a pooled sandbox.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 
+	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/network"
 )
@@ -36,7 +38,9 @@ type sandbox struct {
 	stdout    *io.PipeWriter
 	diag      *cappedBuffer // the driver's own stderr
 	att       *network.Attachment
-	log       *slog.Logger
+	// logp is the sandbox's logger; a pooled sandbox's gains the run id
+	// when a run takes it, so every line of a run names it.
+	logp atomic.Pointer[slog.Logger]
 
 	hello  chan driver.Hello
 	frames chan frame
@@ -50,6 +54,8 @@ type sandbox struct {
 	// created and steps time the making of the sandbox, for Trace.
 	created time.Time
 	steps   map[string]float64
+	// pooled says the sandbox is made ahead for the warm pool.
+	pooled bool
 }
 
 // step records how long the making of the sandbox has taken so far.
@@ -67,10 +73,34 @@ type frame struct {
 // namespace once). On error, everything acquired is released.
 func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim Limits) (_ *sandbox, err error) {
 	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
+	done, err := m.breaker.Allow()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		// Only the runtime's own failures count: not a caller who gave up.
+		switch {
+		case err == nil:
+			done(nil)
+		case ctx.Err() != nil:
+			done(errNotCounted)
+		default:
+			done(err)
+		}
+	}()
 	id := "airlock-" + sid
-	s := &sandbox{m: m, id: id, sid: sid, log: m.o.Log.With("sandbox", id),
+	s := &sandbox{m: m, id: id, sid: sid,
 		hello: make(chan driver.Hello, 1), frames: make(chan frame, 256), gone: make(chan struct{}), exited: make(chan struct{}),
-		created: time.Now(), steps: map[string]float64{}}
+		created: time.Now(), steps: map[string]float64{}, pooled: preload}
+	lg := m.o.Log.With("sandbox", id)
+	if !preload {
+		lg = lg.With("run", sid)
+	}
+	s.logp.Store(lg)
+	// Tracked until the very end of its teardown: a sandbox whose teardown
+	// failed (containerd down) is then found and removed by reconcile.
+	m.track(s)
+	s.onDestroy(func(context.Context) { m.untrack(s) })
 	defer func() {
 		// Whatever was acquired goes, in reverse order.
 		if err != nil {
@@ -92,7 +122,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		s.att = att
 		s.onDestroy(func(cctx context.Context) {
 			if err := m.o.Network.Detach(cctx, att); err != nil {
-				s.log.Error("detach sandbox network", "err", err)
+				s.log().Error("detach sandbox network", "err", err)
 			}
 		})
 		policy.NetNSPath = att.NetNSPath
@@ -123,7 +153,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	s.container = container
 	s.onDestroy(func(cctx context.Context) {
 		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Error("delete sandbox", "err", err)
+			s.log().Error("delete sandbox", "err", err)
 		}
 	})
 
@@ -154,7 +184,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		// A shim that exits as the create reaches it (a crash, or a shim
 		// shared with a sandbox just deleted) fails it: the next try starts
 		// a new one.
-		s.log.Debug("shim went away during create; retrying", "attempt", attempt, "err", err)
+		s.log().Debug("shim went away during create; retrying", "attempt", attempt, "err", err)
 		time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
 	}
 	s.step("task")
@@ -163,7 +193,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	exitCh, err := task.Wait(context.WithoutCancel(ctx))
 	if err != nil {
 		if _, derr := task.Delete(context.WithoutCancel(ctx)); derr != nil {
-			s.log.Error("delete sandbox task", "err", derr)
+			s.log().Error("delete sandbox task", "err", derr)
 		}
 		return nil, infra("wait for sandbox task", err)
 	}
@@ -178,16 +208,16 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		case <-s.exited:
 		case <-time.After(2 * time.Second):
 			if err := task.Kill(cctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
-				s.log.Warn("kill sandbox", "err", err)
+				s.log().Warn("kill sandbox", "err", err)
 			}
 			select {
 			case <-s.exited:
 			case <-cctx.Done():
-				s.log.Error("sandbox did not stop after SIGKILL")
+				s.log().Error("sandbox did not stop after SIGKILL")
 			}
 		}
 		if _, err := task.Delete(cctx); err != nil && !errdefs.IsNotFound(err) {
-			s.log.Error("delete sandbox task", "err", err)
+			s.log().Error("delete sandbox task", "err", err)
 		}
 		task.IO().Close()
 	})
@@ -209,6 +239,14 @@ func shimWentAway(err error) bool {
 	return strings.Contains(msg, "ttrpc: closed") || strings.Contains(msg, "ttrpc: client shutting down")
 }
 
+// log is the sandbox's logger.
+func (s *sandbox) log() *slog.Logger { return s.logp.Load() }
+
+// takenBy names the run that took a pooled sandbox in its log lines.
+func (s *sandbox) takenBy(runID string) {
+	s.logp.Store(s.m.o.Log.With("sandbox", s.id, "run", runID))
+}
+
 // onDestroy adds a cleanup step; steps run in reverse order.
 func (s *sandbox) onDestroy(f func(context.Context)) {
 	s.mu.Lock()
@@ -224,11 +262,16 @@ func (s *sandbox) decode(r io.Reader) {
 		t, p, err := fr.Next()
 		if err != nil {
 			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
-				s.log.Warn("driver stream", "err", err)
+				s.log().Warn("driver stream", "err", err)
 			}
 			return
 		}
 		if t == driver.FrameHello {
+			kind := "cold"
+			if s.pooled {
+				kind = "pool"
+			}
+			metrics.SandboxStart.WithLabelValues(kind).Observe(time.Since(s.created).Seconds())
 			var h driver.Hello
 			_ = json.Unmarshal(p, &h)
 			select {
@@ -362,11 +405,15 @@ loop:
 		res.Stderr, res.StderrTruncated = stderr.Result()
 		res.ExitCode = exit.Code
 		res.SessionLost = exit.Lost
+		res.LimitsHit = exit.Limits
 		if interruptedBy == ReasonTimeout {
 			res.TimedOut, res.Reason = true, ReasonTimeout
 			return res, nil
 		}
 		return res, ctx.Err()
+	}
+	if exit != nil {
+		res.LimitsHit = exit.Limits
 	}
 	if req.Trace && exit != nil {
 		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
@@ -383,7 +430,7 @@ loop:
 		defer cancel()
 		if killedBy != "" {
 			if err := s.task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
-				s.log.Warn("kill sandbox", "err", err)
+				s.log().Warn("kill sandbox", "err", err)
 			}
 		}
 		select {
@@ -409,7 +456,7 @@ loop:
 	switch {
 	case killedBy == ReasonTimeout:
 		if d := s.diagText(); d != "" {
-			s.log.Warn("run timed out; the driver said", "stderr", d)
+			s.log().Warn("run timed out; the driver said", "stderr", d)
 		}
 		res.TimedOut, res.Reason = true, ReasonTimeout
 		res.ExitCode = 128 + int(syscall.SIGKILL)
@@ -501,6 +548,12 @@ func (s *sandbox) destroy() {
 // fits, or makes a cold one; runs the code; answers; and destroys the
 // sandbox after answering, holding the run's slot until it is gone.
 func (m *ContainerdManager) Run(ctx context.Context, req Request) (Result, error) {
+	gen := m.restarts.Load()
+	res, err := m.run(ctx, req)
+	return res, m.restartedDuring(gen, err)
+}
+
+func (m *ContainerdManager) run(ctx context.Context, req Request) (Result, error) {
 	if req.RunID == "" {
 		req.RunID = NewRunID()
 	}

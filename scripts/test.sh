@@ -38,6 +38,9 @@ step "sandbox image"
 step "go test"
 go test -count=1 -timeout 20m ./...
 
+step "fuzz targets (a short run each; the seed corpora also replay in go test)"
+bash scripts/fuzz.sh
+
 step "benchmark smoke (every mode works; numbers not asserted)"
 ./bin/airlock bench --smoke --log-level warn --out "$(mktemp -d)" >/dev/null
 

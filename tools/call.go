@@ -225,12 +225,15 @@ func (c *call) noteRun(out runtime.Result, err error, res *mcp.CallToolResult) {
 		c.rec.StdoutBytes, c.rec.StderrBytes = int64(len(out.Stdout)), int64(len(out.Stderr))
 		c.rec.Truncated = out.Truncated()
 		c.rec.LimitHit = out.Reason
+		c.rec.LimitsHit = out.LimitsHit
 		c.rec.Warm = out.Warm
 		for _, d := range out.EgressDenied {
 			c.rec.EgressDenied = append(c.rec.EgressDenied, fmt.Sprintf("%s:%d (%s)", d.Host, d.Port, d.Reason))
 		}
 	case errors.Is(err, runtime.ErrBusy), errors.Is(err, runtime.ErrSessionBusy):
 		c.rec.Outcome, c.rec.Error = approval.OutcomeBusy, resultText(res)
+	case errors.As(err, new(*runtime.CircuitOpenError)):
+		c.rec.Outcome, c.rec.Error = approval.OutcomeCircuitOpen, resultText(res)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		c.rec.Outcome, c.rec.Error = approval.OutcomeCancelled, resultText(res)
 	default:
@@ -257,6 +260,7 @@ func (c *call) finish(res *mcp.CallToolResult) *mcp.CallToolResult {
 	if c.rec.Decision == "" {
 		c.rec.Decision = approval.DecisionNone
 	}
+	countCall(c.rec)
 	if err := c.h.writeRecord(c.rec); err != nil {
 		c.h.Log.Error("audit record not written", "run", c.rec.ID, "err", err)
 		res.Content = append(res.Content, mcp.NewTextContent(fmt.Sprintf("Warning: the audit record of this call could not be written (%v).", err)))

@@ -216,6 +216,13 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 // default) into the runtime's.
 func RuntimeLimits(l config.Limits, timeoutS int) runtime.Limits { return boot.RunLimits(l, timeoutS) }
 
+// circuitResult answers a call refused because the circuit breaker is open.
+func circuitResult(e *runtime.CircuitOpenError) *mcp.CallToolResult {
+	return mcp.NewToolResultError(fmt.Sprintf(
+		"Not run: the sandbox runtime has been failing to start sandboxes (last failure: %s), so airlock stops trying for a while (circuit breaker). Retry in %d s. This is a problem on the server, not in your code: the operator should run `airlock doctor` on the server host.",
+		e.Reason, int(e.RetryIn.Round(time.Second)/time.Second)))
+}
+
 func infraResult(op string) *mcp.CallToolResult {
 	return mcp.NewToolResultError(fmt.Sprintf("The sandbox runtime failed (%s). This is a problem on the server, not in your code: the operator should run `airlock doctor` on the server host; details are in the server log.", op))
 }
@@ -223,7 +230,13 @@ func infraResult(op string) *mcp.CallToolResult {
 func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToolResult {
 	if err != nil {
 		var ie *runtime.InfraError
+		var co *runtime.CircuitOpenError
 		switch {
+		case errors.As(err, &co):
+			return circuitResult(co)
+		case errors.Is(err, runtime.ErrRuntimeRestarted):
+			h.Log.Error("run ended by a sandbox runtime restart", "tool", tool, "run", r.RunID, "err", err)
+			return mcp.NewToolResultError("Not completed: the sandbox runtime (containerd) went away during this call. An embedded containerd is restarted by airlock within seconds, and what the call left is removed; retry it.")
 		case errors.Is(err, runtime.ErrSessionBusy):
 			return mcp.NewToolResultError("The session is busy with another call; retry when it has finished (a session runs one call at a time).")
 		case errors.Is(err, runtime.ErrSessionClosed):

@@ -79,6 +79,13 @@ func (r *sessions) get(id, client string) *sessionEntry {
 	return e
 }
 
+// SessionsActive is how many sessions are open now.
+func (h *Handlers) SessionsActive() int {
+	h.sessions.mu.Lock()
+	defer h.sessions.mu.Unlock()
+	return len(h.sessions.m)
+}
+
 // remove forgets id and closes its session.
 func (r *sessions) remove(id string) {
 	r.mu.Lock()
@@ -267,7 +274,11 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 	sess, err := sm.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: RuntimeLimits(h.Limits, 0), Egress: pol})
 	if err != nil {
 		var ie *runtime.InfraError
-		if errors.As(err, &ie) {
+		var co *runtime.CircuitOpenError
+		switch {
+		case errors.As(err, &co):
+			return circuitResult(co), nil
+		case errors.As(err, &ie):
 			h.Log.Error("session start failed", "op", ie.Op, "err", ie.Err)
 			return infraResult(ie.Op), nil
 		}

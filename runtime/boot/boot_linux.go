@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/daemon"
 	"github.com/airlock-mcp/airlock/runtime/image"
@@ -112,6 +113,11 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		log.Info("removed orphaned sandboxes", "count", n)
 	}
 	s.removeDeadFIFODirs()
+	if n, err := runtime.RemoveStaleCgroups(ctx, client, cfg.Containerd.Namespace); err != nil {
+		log.Warn("remove stale sandbox cgroups", "err", err)
+	} else if n > 0 {
+		log.Info("removed stale sandbox cgroups", "count", n)
+	}
 	if need == NeedClient {
 		return s, nil
 	}
@@ -150,6 +156,27 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	}
 	s.Shim = shim
 	s.Manager = m
+	if s.Daemon != nil {
+		// The embedded containerd is ours to keep alive.
+		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.Daemon.Supervise(sctx, m.RuntimeDown, func() { go m.RuntimeRestarted(sctx) })
+		}()
+		s.closers = append(s.closers, func(context.Context) {
+			stop()
+			<-done
+		})
+	}
+	metrics.SetCircuitOpen(m.Breaker().Open)
+	metrics.SetPoolReady(func() map[string]int {
+		if m.Pool() == nil {
+			return nil
+		}
+		none, allowlist := m.Pool().Ready()
+		return map[string]int{config.NetworkNone: none, config.NetworkAllowlist: allowlist}
+	})
 	s.closers = append(s.closers, func(ctx context.Context) {
 		if err := m.Close(ctx); err != nil {
 			log.Warn("remove sandboxes", "err", err)
@@ -186,6 +213,7 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (runtime.
 		PoolLimits:  RunLimits(cfg.Limits, 0),
 		PoolMaxIdle: cfg.Pool.MaxIdleAge,
 		PoolPreload: cfg.Pool.Preload,
+		Breaker:     runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
 		Log:         log,
 	}, nil
 }

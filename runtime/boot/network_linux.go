@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/network"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
@@ -113,7 +114,31 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	go func() { _ = proxy.Serve(ln) }()
 	s.closers = append(s.closers, func(context.Context) { _ = proxy.Close() })
 	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "domains", pol.Domains())
+	metrics.Escapes.SetFirewall(func() uint64 { return firewallEscapes(nm) })
 	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca, port: ln.Addr().(*net.TCPAddr).Port}, nil
+}
+
+// escapeCounters are the firewall's drop rules that only a sandbox trying
+// to get past its proxy hits. IPv6 and non-IPv4 frames are left out: a
+// network stack's own autoconfiguration sends those unasked.
+var escapeCounters = []string{
+	network.CounterInputHost, network.CounterInputSpoofed,
+	network.CounterForwardFrom, network.CounterForwardTo, network.CounterForwardSrc, network.CounterForwardDst,
+	network.CounterBridgeFwd, network.CounterBridgeToPort, network.CounterSpoofedIP, network.CounterSpoofedARP,
+}
+
+// firewallEscapes is the packets the firewall dropped as escape attempts,
+// by every instance's sandboxes (the tables are shared); 0 when unreadable.
+func firewallEscapes(nm *network.Manager) uint64 {
+	counts, err := nm.DropCounters()
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	for _, name := range escapeCounters {
+		n += counts[name]
+	}
+	return n
 }
 
 // NetworkConfig is the sandbox network of cfg for the instance instanceID.

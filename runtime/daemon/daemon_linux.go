@@ -121,6 +121,68 @@ func (d *Daemon) start(ctx context.Context) error {
 	}
 }
 
+// Supervise watches the daemon until ctx ends and restarts it when it has
+// died or stopped answering: down is called when it is found gone, up after
+// it answers again. Instances sharing the daemon restart it once, under the
+// daemon lock; failed restarts back off from 1 s to 30 s.
+func (d *Daemon) Supervise(ctx context.Context, down, up func()) {
+	const every = time.Second
+	backoff, silent := time.Second, 0
+	wait := every
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = every
+		if ping(ctx, d.Address) == nil {
+			backoff, silent = time.Second, 0
+			continue
+		}
+		// A live daemon that is slow to answer is given three tries
+		// before it is replaced; a dead one is replaced at once.
+		if silent++; d.pid() > 0 && silent < 3 {
+			continue
+		}
+		d.opts.Log.Error("embedded containerd is down; restarting it", "silent_pings", silent)
+		down()
+		if err := d.restart(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			d.opts.Log.Error("restart embedded containerd", "err", err, "retry_in", backoff)
+			wait, backoff = backoff, min(2*backoff, 30*time.Second)
+			continue
+		}
+		backoff, silent = time.Second, 0
+		up()
+	}
+}
+
+// restart starts the daemon again unless another instance already has.
+func (d *Daemon) restart(ctx context.Context) error {
+	unlock, err := flock.Lock(ctx, filepath.Join(d.dir, "daemon.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if d.pid() > 0 && ping(ctx, d.Address) == nil {
+		return nil
+	}
+	if pid := d.pid(); pid > 0 {
+		// Alive but not answering: it goes.
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		for i := 0; i < 100 && processAlive(pid); i++ {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return d.start(ctx)
+}
+
+// PID is the running daemon's process id, 0 when none runs.
+func (d *Daemon) PID() int { return d.pid() }
+
 // Stop stops the daemon. Callers run it when the last instance leaves
 // (instance.Leave); it holds the daemon lock so no Acquire races it.
 func (d *Daemon) Stop(ctx context.Context) error {

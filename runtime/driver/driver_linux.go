@@ -148,13 +148,37 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 	d.t0, d.trace = time.Now(), work.Trace
-	rich, exit := d.run(work, false)
-	exit.Timings = d.timings
+	rich, exit := d.runWork(work, false)
 	if rich != nil {
 		_ = d.out.writeJSON(FrameResult, rich)
 	}
 	_ = d.out.writeJSON(FrameExit, exit)
 	return 0
+}
+
+// runWork runs one piece of work and notes, besides its exit, the limits
+// it was seen to hit from in here: a writable filesystem it filled.
+func (d *driver) runWork(w Work, session bool) (*Rich, Exit) {
+	fullBefore := diskFull()
+	rich, exit := d.run(w, session)
+	exit.Timings = d.timings
+	if !fullBefore && diskFull() {
+		exit.Limits = append(exit.Limits, LimitDisk)
+	}
+	return rich, exit
+}
+
+// diskFull reports whether /workspace or /tmp, both size-capped, has no
+// room left. A file filled and deleted again before the code ended is not
+// seen; this is a count for metrics, not an enforcement (the cap is).
+func diskFull() bool {
+	for _, dir := range []string{Workspace, "/tmp"} {
+		var st unix.Statfs_t
+		if unix.Statfs(dir, &st) == nil && st.Blocks > 0 && st.Bavail == 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // mark records a step's time when tracing.
@@ -795,8 +819,7 @@ func (d *driver) session(in *Reader) {
 				continue
 			}
 			d.t0, d.trace, d.timings = time.Now(), w.Trace, nil
-			rich, exit := d.run(w, true)
-			exit.Timings = d.timings
+			rich, exit := d.runWork(w, true)
 			if rich != nil {
 				_ = d.out.writeJSON(FrameResult, rich)
 			}

@@ -168,7 +168,12 @@ type Exit struct {
 	// Lost says a session's Python interpreter is gone (it was killed or
 	// exited): the session's state with it.
 	Lost bool `json:"lost,omitempty"`
+	// Limits are limits the driver saw the code hit (LimitDisk).
+	Limits []string `json:"limits,omitempty"`
 }
+
+// LimitDisk in Exit.Limits: the code filled /workspace or /tmp.
+const LimitDisk = "disk"
 
 // Writer writes frames. It is not safe for concurrent use; callers
 // serialise.

@@ -518,3 +518,14 @@ export async function sandboxExists(runId) {
   const ids = await ctr('containers', 'ls', '-q', `labels."airlock.run"==${runId}`);
   return ids.length > 0;
 }
+
+/** The samples of a Prometheus text page, keyed by name{labels} as written. */
+export function parseMetrics(text) {
+  const out = new Map();
+  for (const line of text.split('\n')) {
+    if (!line || line.startsWith('#')) continue;
+    const i = line.lastIndexOf(' ');
+    out.set(line.slice(0, i), Number(line.slice(i + 1)));
+  }
+  return out;
+}

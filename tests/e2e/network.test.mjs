@@ -9,7 +9,7 @@ import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { promisify } from 'node:util';
 
-import { sleep, startServer } from './lib.mjs';
+import { freePort, parseMetrics, sleep, startServer, waitFor } from './lib.mjs';
 
 const run = promisify(execFile);
 const NS = 'airlock_e2e_inet';
@@ -129,6 +129,103 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
     assert.match(r.text, /allowed\.test/);
   });
 
+  test('metrics: every metric moves as runs happen, scraped from metrics.listen', async () => {
+    const port = await freePort();
+    const m = await startServer('network-metrics', [
+      'network:',
+      '  allow_domains: [allowed.test, meta.test]',
+      // meta.test stands for a name that resolves to the metadata address:
+      // the proxy refuses it before any packet is sent.
+      `  hosts: [{name: allowed.test, addrs: ["${INET_IP}"]}, {name: meta.test, addrs: ["169.254.169.254"]}]`,
+      '  allow_private: [10.78.0.0/24]',
+      '  bridge: airlocke0',
+      '  subnet: 10.89.251.0/24',
+      '  proxy_port: 3130',
+      'metrics:',
+      `  listen: 127.0.0.1:${port}`,
+    ]);
+    const scrape = async () => parseMetrics(await (await fetch(`http://127.0.0.1:${port}/metrics`)).text());
+    // A port 443 on the test's "internet", so a CONNECT gets as far as the
+    // ClientHello check (nothing reaches it: the SNI does not match).
+    const tls = spawn('ip', ['netns', 'exec', NS, '/usr/bin/python3', '-m', 'http.server', '443', '--bind', INET_IP], { stdio: 'ignore' });
+    try {
+      await m.wrap(async () => {
+        const before = await scrape();
+        for (const name of ['airlock_circuit_open', 'airlock_sessions_active', 'airlock_pool_ready{network="none"}',
+          'airlock_resource_limit_violations_total{limit="pids"}', 'airlock_sandbox_escape_attempts_total{kind="unregistered_source"}']) {
+          assert.ok(before.has(name), `${name} is exported from the start`);
+        }
+        assert.equal(before.get('airlock_circuit_open'), 0);
+        assert.ok(await waitFor(async () => (await scrape()).get('airlock_pool_ready{network="none"}') > 0, 120_000), 'the pool fills');
+
+        const net = { network: 'allowlist' };
+        const calls = [
+          ['ok', () => m.python('print(1)')],
+          ['failed', () => m.shell('exit 3')],
+          ['timeout', () => m.python('import time; time.sleep(30)', { timeout_s: 1 })],
+          ['oom', () => m.python('b = []\nwhile True: b.append(bytearray(32 << 20))')],
+          ['output', () => m.python('print("x" * 1_000_000)')],
+          ['disk', () => m.shell('head -c 20M /dev/zero > /workspace/big; echo done')],
+          ['allow', () => m.shell('curl -sS --max-time 10 http://allowed.test/hello.txt', net)],
+          ['denied', () => m.shell('curl -sS --max-time 10 http://other.test/', net)],
+          ['forbidden', () => m.shell('curl -sS --max-time 10 http://meta.test/', net)],
+          ['ip literal', () => m.shell(`curl -sS --max-time 10 http://${INET_IP}/hello.txt`, net)],
+          ['sni', () => m.shell('curl -sSk --max-time 10 --connect-to other.test:443:allowed.test:443 https://other.test/', net)],
+          // Past the proxy, to the gateway: the host firewall drops it.
+          ['firewall', () => m.shell('curl -sS --noproxy "*" --max-time 3 http://10.89.251.1:9/', net)],
+        ];
+        const got = {};
+        for (const [what, call] of calls) got[what] = await call();
+        assert.equal(got.ok.isError, false, got.ok.text);
+        assert.equal(got.timeout.sc.reason, 'timeout', got.timeout.text);
+        assert.equal(got.oom.sc.reason, 'out_of_memory', got.oom.text);
+        assert.equal(got.output.sc.stdout_truncated, true, got.output.text);
+        assert.equal(got.allow.sc.stdout, 'hello over mcp\n', got.allow.text);
+
+        const created = await m.call('session_create', {});
+        const during = await scrape();
+        await m.call('session_close', { session_id: created.sc.session_id });
+        const after = await scrape();
+        const moved = (k) => (after.get(k) ?? 0) - (before.get(k) ?? 0);
+        // Each call's outcome as its result tells it, counted by tool.
+        const want = {};
+        for (const [what, r] of Object.entries(got)) {
+          const tool = ['ok', 'timeout', 'oom', 'output'].includes(what) ? 'run_python' : 'run_shell';
+          const outcome = r.sc.reason === 'timeout' ? 'timeout' : r.sc.reason === 'out_of_memory' ? 'out_of_memory' : r.sc.exit_code === 0 ? 'ok' : 'failed';
+          const k = `airlock_executions_total{outcome="${outcome}",tool="${tool}"}`;
+          want[k] = (want[k] ?? 0) + 1;
+          const d = `airlock_execution_duration_seconds_count{tool="${tool}"}`;
+          want[d] = (want[d] ?? 0) + 1;
+        }
+        Object.assign(want, {
+          'airlock_resource_limit_violations_total{limit="timeout"}': 1,
+          'airlock_resource_limit_violations_total{limit="memory"}': 1,
+          'airlock_resource_limit_violations_total{limit="output"}': 1,
+          'airlock_resource_limit_violations_total{limit="disk"}': 1,
+          'airlock_approvals_total{decision="auto"}': calls.length,
+          'airlock_egress_requests_total{decision="allow"}': 1,
+          'airlock_sandbox_escape_attempts_total{kind="denied_destination"}': 1,
+          'airlock_sandbox_escape_attempts_total{kind="forbidden_address"}': 1,
+          'airlock_sandbox_escape_attempts_total{kind="ip_literal"}': 1,
+          'airlock_sandbox_escape_attempts_total{kind="sni_mismatch"}': 1,
+        });
+        assert.equal(want['airlock_executions_total{outcome="timeout",tool="run_python"}'], 1);
+        assert.equal(want['airlock_executions_total{outcome="out_of_memory",tool="run_python"}'], 1);
+        for (const [k, n] of Object.entries(want)) assert.equal(moved(k), n, `${k} moved by ${moved(k)}, want ${n}`);
+        assert.ok(moved('airlock_egress_requests_total{decision="deny"}') >= 4, 'denials counted by the proxy');
+        assert.ok(moved('airlock_sandbox_escape_attempts_total{kind="firewall_drop"}') >= 1, 'the firewall drop counted');
+        const starts = moved('airlock_sandbox_start_seconds_count{kind="cold"}') + moved('airlock_sandbox_start_seconds_count{kind="pool"}');
+        assert.ok(starts >= calls.length, `sandbox starts moved by ${starts}`);
+        assert.equal(during.get('airlock_sessions_active'), 1);
+        assert.equal(after.get('airlock_sessions_active'), 0);
+        assert.equal(after.get('airlock_resource_limit_violations_total{limit="pids"}'), 0, 'pids is not observable from outside the sandbox');
+      })();
+    } finally {
+      tls.kill();
+      await m.close();
+    }
+  });
+
   test('just-in-time grant: a refused domain, asked for again, is granted by the approver for one call', async () => {
     const shown = [];
     const jit = await startServer('network-jit', [
@@ -156,3 +253,4 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
     }
   });
 });
+

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/airlock-mcp/airlock/metrics"
 )
 
 // Decisions, as logged.
@@ -25,6 +27,9 @@ const (
 	decisionReject = "reject" // malformed or unsupported request
 	decisionError  = "error"  // upstream failure
 )
+
+// reasonUnregistered: a connection from an address no live run holds.
+const reasonUnregistered = "unregistered source"
 
 // session is one client connection from accept to close.
 type session struct {
@@ -98,7 +103,7 @@ func (s *Server) handle(c net.Conn) {
 	case unregistered:
 		// Answer at once, without reading the request: an unknown source
 		// must not be able to hold proxy resources for HeaderTimeout.
-		ss.set(decisionDeny, "unregistered source", nil)
+		ss.set(decisionDeny, reasonUnregistered, nil)
 		writeResponse(ss.client, http.StatusForbidden, "Forbidden", "egress: this source address is not registered with the proxy")
 		lingerClose(c)
 		return
@@ -162,6 +167,28 @@ func (s *Server) finish(ss *session) {
 	} else {
 		s.log.Warn("egress connection", attrs...)
 	}
+	metrics.EgressRequests.WithLabelValues(ss.decision).Inc()
+	if kind := escapeKind(ss.reason); kind != "" {
+		metrics.Escapes.Inc(kind)
+	}
+}
+
+// escapeKind is the escape-attempt kind a refusal counts as, or "" when
+// it is none (a malformed request, a name that does not resolve).
+func escapeKind(reason string) string {
+	switch reason {
+	case ReasonPrivate:
+		return metrics.EscapeForbiddenAddress
+	case ReasonIPLiteral:
+		return metrics.EscapeIPLiteral
+	case ReasonNotAllowed, ReasonPort:
+		return metrics.EscapeDeniedDestination
+	case ReasonSNI:
+		return metrics.EscapeSNIMismatch
+	case reasonUnregistered:
+		return metrics.EscapeUnregisteredSource
+	}
+	return ""
 }
 
 // headerTooLargeError reports a request head over MaxHeaderBytes.

@@ -37,7 +37,7 @@ var loopback = netip.MustParsePrefix("127.0.0.0/8")
 
 // harness is a running proxy with a recording dialer and captured logs.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	srv  *Server
 	addr string
 
@@ -66,7 +66,7 @@ func (s *syncBuffer) String() string {
 
 // newHarness starts a proxy. Unless opts say otherwise it pins
 // "allowed.test" to 127.0.0.1 and exempts 127.0.0.0/8, as a test site would.
-func newHarness(t *testing.T, opts Options) *harness {
+func newHarness(t testing.TB, opts Options) *harness {
 	t.Helper()
 	h := &harness{t: t, remap: map[string]string{}}
 	if opts.Hosts == nil {

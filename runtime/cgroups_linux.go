@@ -1,0 +1,79 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+)
+
+// cgroupRoot is where the cgroups of sandboxes live (their spec's
+// CgroupsPath is /airlock/<container id>), under every hierarchy.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// RemoveStaleCgroups removes sandbox cgroups (cgroupRoot/*/airlock/airlock-*,
+// or cgroupRoot/airlock/airlock-* on cgroup v2) whose container no longer
+// exists, such as those of a sandbox whose runsc was killed before it could
+// clean up. Only empty ones can go: rmdir refuses a cgroup with processes,
+// so a live sandbox's is never touched. It returns how many it removed.
+func RemoveStaleCgroups(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
+	cs, err := client.Containers(namespaces.WithNamespace(ctx, namespace))
+	if err != nil {
+		return 0, fmt.Errorf("list sandboxes: %w", err)
+	}
+	live := map[string]bool{}
+	for _, c := range cs {
+		live[c.ID()] = true
+	}
+	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "airlock", "airlock-*"))
+	v2, _ := filepath.Glob(filepath.Join(cgroupRoot, "airlock", "airlock-*"))
+	n := 0
+	var errs []error
+	for _, d := range append(dirs, v2...) {
+		if live[filepath.Base(d)] {
+			continue
+		}
+		if err := removeCgroup(d); err != nil {
+			if !errors.Is(err, errCgroupBusy) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// errCgroupBusy: the cgroup still holds processes, so it is not stale.
+var errCgroupBusy = errors.New("cgroup in use")
+
+// removeCgroup removes a cgroup directory and its children, deepest first.
+// The files in a cgroup directory are not files: rmdir takes them along.
+func removeCgroup(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil
+		}
+		return err
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			if err := removeCgroup(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	if err := os.Remove(dir); err != nil && !os.IsNotExist(err) {
+		if errors.Is(err, syscall.EBUSY) {
+			return errCgroupBusy
+		}
+		return fmt.Errorf("remove cgroup %s: %w", dir, err)
+	}
+	return nil
+}

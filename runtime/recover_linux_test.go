@@ -1,0 +1,214 @@
+package runtime_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/airlock-mcp/airlock/runtime"
+)
+
+// startLong starts a run that prints "up" and then sleeps, and returns once
+// "up" has arrived, with a channel for the run's end.
+func startLong(t *testing.T, m runtime.Manager, runID string) <-chan runOutcome {
+	t.Helper()
+	up := make(chan struct{}, 1)
+	done := make(chan runOutcome, 1)
+	go func() {
+		res, err := m.Run(context.Background(), runtime.Request{
+			RunID: runID, Language: runtime.Python, Code: "import time\nprint('up', flush=True)\ntime.sleep(20)\nprint('finished')",
+			Limits: limits(),
+			Output: func(_ runtime.Stream, b []byte) {
+				if strings.Contains(string(b), "up") {
+					select {
+					case up <- struct{}{}:
+					default:
+					}
+				}
+			},
+		})
+		done <- runOutcome{res, err}
+	}()
+	select {
+	case <-up:
+	case o := <-done:
+		t.Fatalf("the run ended before it started: %+v", o)
+	case <-time.After(60 * time.Second):
+		t.Fatal("the run did not start in 60 s")
+	}
+	return done
+}
+
+type runOutcome struct {
+	res runtime.Result
+	err error
+}
+
+// sentryPIDs are the runsc processes of container id (the sandbox's
+// sentry and gofer).
+func sentryPIDs(t *testing.T, id string) []int {
+	t.Helper()
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if len(args) < 2 || !strings.Contains(args[0], "runsc") {
+			continue
+		}
+		cmd := strings.Join(args, " ")
+		if strings.Contains(cmd, " boot ") && strings.HasSuffix(strings.TrimSpace(cmd), id) {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestSentryKilledMidRun kills a sandbox's gVisor sentry while its code
+// runs: the call gets a clear result at once, nothing is left behind, and
+// the next call works.
+func TestSentryKilledMidRun(t *testing.T) {
+	s := need(t)
+	runID := runtime.NewRunID()
+	done := startLong(t, s.Manager, runID)
+	pids := sentryPIDs(t, "airlock-"+runID)
+	if len(pids) == 0 {
+		t.Fatal("no runsc boot process found for the run's sandbox")
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	var o runOutcome
+	select {
+	case o = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the call did not end within 30 s of its sentry being killed")
+	}
+	var ie *runtime.InfraError
+	if !errors.As(o.err, &ie) || strings.Contains(o.res.Stdout, "finished") {
+		t.Fatalf("after the sentry was killed: result %+v, err %v; want an InfraError", o.res, o.err)
+	}
+	t.Logf("the call was told: %v", o.err)
+	if r := run(t, runtime.Python, "print('next')"); r.ExitCode != 0 || r.Stdout != "next\n" {
+		t.Fatalf("the next call: %+v", r)
+	}
+	assertNoSandboxes(t, s)
+}
+
+// TestContainerdKilledMidRun SIGKILLs the embedded containerd while a run
+// is in flight: the run ends with a clear result (or completes: the shim
+// outlives containerd), the supervisor restarts containerd, the leftovers
+// are reconciled away, and service resumes without restarting airlock.
+func TestContainerdKilledMidRun(t *testing.T) {
+	s := need(t)
+	if s.Daemon == nil {
+		t.Skip("an external containerd is configured; only the embedded one is supervised")
+	}
+	old := s.Daemon.PID()
+	done := startLong(t, s.Manager, runtime.NewRunID())
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var o runOutcome
+	select {
+	case o = <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the in-flight call did not end within 90 s of containerd being killed")
+	}
+	switch {
+	case o.err == nil && strings.Contains(o.res.Stdout, "finished"):
+		t.Log("the run completed: its shim and sandbox outlived containerd")
+	case errors.Is(o.err, runtime.ErrRuntimeRestarted):
+		t.Logf("the call was told: %v", o.err)
+	default:
+		t.Fatalf("in-flight call: result %+v, err %v; want completion or ErrRuntimeRestarted", o.res, o.err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for s.Daemon.PID() == 0 || s.Daemon.PID() == old {
+		if time.Now().After(deadline) {
+			t.Fatal("containerd was not restarted within 60 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// Service resumes: a call works (retrying while the client reconnects).
+	var last error
+	for i := 0; ; i++ {
+		res, err := s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Python, Code: "print('back')", Limits: limits()})
+		if err == nil && res.Stdout == "back\n" {
+			break
+		}
+		last = fmt.Errorf("%+v, %w", res, err)
+		if i == 20 {
+			t.Fatalf("no working call within 20 tries after the restart: %v", last)
+		}
+		time.Sleep(time.Second)
+	}
+	// What the dead daemon's runs left is reconciled away.
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		s.Manager.WaitTeardowns()
+		if countContainers(t, s) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			assertNoSandboxes(t, s)
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// TestRemoveStaleCgroups makes a sandbox-named cgroup with no container
+// behind it (what a runsc killed mid-teardown leaves) and one holding a
+// process: the first goes, the second stays.
+func TestRemoveStaleCgroups(t *testing.T) {
+	s := need(t)
+	parents, _ := filepath.Glob("/sys/fs/cgroup/*/airlock")
+	if len(parents) == 0 {
+		parents, _ = filepath.Glob("/sys/fs/cgroup/airlock")
+	}
+	if len(parents) == 0 {
+		t.Fatal("no airlock cgroup parent on this host; no sandbox ever ran?")
+	}
+	parent := parents[0]
+	stale := filepath.Join(parent, "airlock-teststale"+runtime.NewRunID())
+	busy := filepath.Join(parent, "airlock-testbusy"+runtime.NewRunID())
+	for _, d := range []string{stale, filepath.Join(stale, "child"), busy} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sleeper := exec.Command("sleep", "60")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = sleeper.Process.Kill()
+		_ = sleeper.Wait()
+		_ = os.Remove(busy)
+	}()
+	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runtime.RemoveStaleCgroups(context.Background(), s.Client, s.Config.Containerd.Namespace); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale cgroup %s survived: %v", stale, err)
+	}
+	if _, err := os.Stat(busy); err != nil {
+		t.Errorf("a cgroup with a process in it was removed: %v", err)
+	}
+}
