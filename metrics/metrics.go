@@ -185,6 +185,16 @@ func (e *escapeCollector) Inc(kind string) {
 	c.Add(1)
 }
 
+// Count is the attempts of kind counted so far (firewall drops aside).
+func (e *escapeCollector) Count(kind string) uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if c := e.counts[kind]; c != nil {
+		return c.Load()
+	}
+	return 0
+}
+
 // SetFirewall makes the firewall_drop kind read fn: packets the host's
 // airlock tables dropped since they were installed.
 func (e *escapeCollector) SetFirewall(fn func() uint64) {

@@ -145,10 +145,15 @@ func (s *Server) handle(c net.Conn) {
 	}
 }
 
-// finish logs the connection once, then releases everything it held.
+// finish counts and logs the connection once, then releases everything
+// it held.
 func (s *Server) finish(ss *session) {
 	ss.abort()
 	s.release(ss)
+	metrics.EgressRequests.WithLabelValues(ss.decision).Inc()
+	if kind := escapeKind(ss.reason); kind != "" {
+		metrics.Escapes.Inc(kind)
+	}
 	attrs := []any{
 		"run", ss.runID(), "src", ss.src.String(), "method", ss.method,
 		"host", ss.host, "port", ss.port,
@@ -166,10 +171,6 @@ func (s *Server) finish(ss *session) {
 		s.log.Info("egress connection", attrs...)
 	} else {
 		s.log.Warn("egress connection", attrs...)
-	}
-	metrics.EgressRequests.WithLabelValues(ss.decision).Inc()
-	if kind := escapeKind(ss.reason); kind != "" {
-		metrics.Escapes.Inc(kind)
 	}
 }
 

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/airlock-mcp/airlock/metrics"
 )
 
 const src = "127.0.0.1"
@@ -620,6 +622,7 @@ func TestSources(t *testing.T) {
 	get := fmt.Sprintf("GET http://allowed.test:%d/ HTTP/1.1\r\n\r\n", upPort)
 
 	t.Run("unregistered", func(t *testing.T) {
+		escapes := metrics.Escapes.Count(metrics.EscapeUnregisteredSource)
 		resp, body := h.raw("127.0.0.9", get)
 		if resp.StatusCode != 403 || !strings.Contains(body, "not registered") {
 			t.Errorf("got %s %q", resp.Status, body)
@@ -630,6 +633,9 @@ func TestSources(t *testing.T) {
 		recs := h.waitLogs(1)
 		if recs[0]["reason"] != "unregistered source" || recs[0]["src"] != "127.0.0.9" {
 			t.Errorf("log %v", recs[0])
+		}
+		if got := metrics.Escapes.Count(metrics.EscapeUnregisteredSource) - escapes; got != 1 {
+			t.Errorf("escape attempts (unregistered_source) moved by %d, want 1", got)
 		}
 	})
 	t.Run("per-run policies", func(t *testing.T) {

@@ -1,12 +1,16 @@
 package egress
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // FuzzProxyRequest sends arbitrary bytes to the proxy as a registered
@@ -36,9 +40,25 @@ func FuzzProxyRequest(f *testing.F) {
 		f.Fatal(err)
 	}
 	h.srv.Register(netip.MustParseAddr("127.0.0.9"), "fuzz", p)
+	// Tens of thousands of connections from one source address: the port
+	// is chosen at connect time (IP_BIND_ADDRESS_NO_PORT), where the kernel
+	// may reuse the TIME_WAIT ports these half-closes leave, instead of at
+	// bind time, where it runs out of them.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}, Timeout: 2 * time.Second,
+		Control: func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			if err := rc.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+			}); err != nil {
+				return err
+			}
+			return serr
+		}}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}, Timeout: 2 * time.Second}
 		c, err := d.Dial("tcp", h.addr)
+		if errors.Is(err, syscall.EADDRINUSE) || errors.Is(err, syscall.EADDRNOTAVAIL) {
+			t.Skipf("this host is out of ports for 127.0.0.9: %v", err)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
