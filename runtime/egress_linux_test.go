@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/airlock-mcp/airlock/config"
@@ -395,29 +396,40 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
-	// Its instance id is in the lock file that holds its pid.
+	// Its instance id is in the lock file that holds its pid. It is killed
+	// once a sandbox of its runs under gVisor and a network namespace of
+	// its exists.
+	lctx := namespaces.WithNamespace(context.Background(), cfg.Containerd.Namespace)
+	running := func(victim string) (left []containerd.Container, ok bool) {
+		left, _ = live.Client.Containers(lctx, "labels.\""+runtime.LabelInstance+"\"=="+victim)
+		for _, c := range left {
+			if len(sentryPIDs(t, c.ID())) > 0 {
+				return left, netnsExists(victim)
+			}
+		}
+		return left, false
+	}
 	var victim string
 	deadline := time.Now().Add(60 * time.Second)
-	for victim == "" || !netnsExists(victim) {
+	for {
+		if victim == "" {
+			victim = instanceOfPid(cfg.StateDir, cmd.Process.Pid)
+		}
+		if _, ok := running(victim); victim != "" && ok {
+			break
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the networked run never started (instance %q)", victim)
 		}
 		time.Sleep(200 * time.Millisecond)
-		if victim == "" {
-			victim = instanceOfPid(cfg.StateDir, cmd.Process.Pid)
-		}
 	}
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	if !netnsExists(victim) {
+	left, ok := running(victim)
+	if !ok {
 		t.Fatal("nothing was left behind to clean up; the test proves nothing")
-	}
-	lctx := namespaces.WithNamespace(context.Background(), cfg.Containerd.Namespace)
-	left, _ := live.Client.Containers(lctx, "labels.\""+runtime.LabelInstance+"\"=="+victim)
-	if len(left) == 0 || len(sentryPIDs(t, left[0].ID())) == 0 {
-		t.Fatal("the killed instance's sandbox is not running; the test proves nothing")
 	}
 
 	s, err := boot.Up(context.Background(), cfg, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))

@@ -29,6 +29,14 @@ func (m *ContainerdManager) RuntimeDown() { m.restarts.Add(1) }
 // refilled; and an open breaker may probe at once.
 func (m *ContainerdManager) RuntimeRestarted(ctx context.Context) {
 	m.restarts.Add(1)
+	// The client's connection reconnects with a backoff of its own: wait
+	// until it answers before reconciling.
+	for i := 0; i < 50; i++ {
+		if _, err := m.o.Client.Version(ctx); err == nil || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	m.o.Log.Info("sandbox runtime is back; reconciling")
 	if m.pool != nil {
 		m.pool.drain()
