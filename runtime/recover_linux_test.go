@@ -212,3 +212,37 @@ func TestRemoveStaleCgroups(t *testing.T) {
 		t.Errorf("a cgroup with a process in it was removed: %v", err)
 	}
 }
+
+// TestRemoveOrphanSandboxProcesses starts processes that look like runsc's
+// to the sweep (argv[0] runsc-gofer, a containerd bundle path): the one for
+// an airlock sandbox containerd does not know is killed; those of another
+// namespace or not airlock's are left alone.
+func TestRemoveOrphanSandboxProcesses(t *testing.T) {
+	s := need(t)
+	ns := s.Config.Containerd.Namespace
+	start := func(bundle string) *exec.Cmd {
+		t.Helper()
+		cmd := exec.Command("bash", "-c", `exec -a runsc-gofer /usr/bin/python3 -c 'import time; time.sleep(120)' gofer --bundle "$0"`, bundle)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd
+	}
+	orphan := start("/state/io.containerd.runtime.v2.task/" + ns + "/airlock-orphan" + runtime.NewRunID())
+	other := start("/state/io.containerd.runtime.v2.task/someone-else/airlock-x" + runtime.NewRunID())
+	notOurs := start("/state/io.containerd.runtime.v2.task/" + ns + "/web-" + runtime.NewRunID())
+	time.Sleep(300 * time.Millisecond) // exec -a done
+	n, err := runtime.RemoveOrphanSandboxProcesses(context.Background(), s.Client, ns)
+	if err != nil || n != 1 {
+		t.Fatalf("killed %d, err %v; want 1", n, err)
+	}
+	if err := orphan.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("the orphan: %v; want killed", err)
+	}
+	for name, c := range map[string]*exec.Cmd{"another namespace's": other, "a non-airlock container's": notOurs} {
+		if c.ProcessState != nil || syscall.Kill(c.Process.Pid, 0) != nil {
+			t.Errorf("%s process was killed", name)
+		}
+	}
+}

@@ -113,6 +113,11 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		log.Info("removed orphaned sandboxes", "count", n)
 	}
 	s.removeDeadFIFODirs()
+	if n, err := runtime.RemoveOrphanSandboxProcesses(ctx, client, cfg.Containerd.Namespace); err != nil {
+		log.Warn("kill orphaned sandbox processes", "err", err)
+	} else if n > 0 {
+		log.Info("killed orphaned sandbox processes", "count", n)
+	}
 	if n, err := runtime.RemoveStaleCgroups(ctx, client, cfg.Containerd.Namespace); err != nil {
 		log.Warn("remove stale sandbox cgroups", "err", err)
 	} else if n > 0 {

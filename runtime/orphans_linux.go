@@ -1,0 +1,98 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+)
+
+// RemoveOrphanSandboxProcesses kills the gVisor processes (runsc's sandbox
+// and gofer) of airlock sandboxes in namespace whose container containerd
+// no longer knows. They outlive their task when the airlock that was
+// creating it is killed at the wrong moment. A container that exists,
+// whichever instance owns it, is never touched. It returns how many
+// processes it killed.
+func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
+	cs, err := client.Containers(namespaces.WithNamespace(ctx, namespace))
+	if err != nil {
+		return 0, fmt.Errorf("list sandboxes: %w", err)
+	}
+	live := map[string]bool{}
+	for _, c := range cs {
+		live[c.ID()] = true
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var killed []int
+	var errs []error
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		ns, id, ok := runscBundle(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"))
+		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") || live[id] {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill orphaned runsc %d (%s): %w", pid, id, err))
+			continue
+		}
+		killed = append(killed, pid)
+	}
+	// Their cgroups can go once they are gone.
+	waiting := append([]int(nil), killed...)
+	for end := time.Now().Add(5 * time.Second); len(waiting) > 0 && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		still := waiting[:0]
+		for _, pid := range waiting {
+			if running(pid) {
+				still = append(still, pid)
+			}
+		}
+		waiting = still
+	}
+	return len(killed), errors.Join(errs...)
+}
+
+// runscBundle finds, in the arguments of a runsc process (gVisor names
+// them runsc-sandbox, runsc-gofer, or runsc), its bundle directory, which
+// containerd names .../<namespace>/<container id>.
+func runscBundle(args []string) (namespace, id string, ok bool) {
+	if len(args) < 2 || !strings.HasPrefix(filepath.Base(args[0]), "runsc") {
+		return "", "", false
+	}
+	for i, a := range args {
+		var bundle string
+		switch {
+		case strings.HasPrefix(a, "--bundle="):
+			bundle = strings.TrimPrefix(a, "--bundle=")
+		case a == "--bundle" && i+1 < len(args):
+			bundle = args[i+1]
+		default:
+			continue
+		}
+		bundle = filepath.Clean(bundle)
+		return filepath.Base(filepath.Dir(bundle)), filepath.Base(bundle), bundle != "."
+	}
+	return "", "", false
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	st := string(b)
+	i := strings.LastIndexByte(st, ')')
+	return i < 0 || i+2 >= len(st) || st[i+2] != 'Z'
+}
