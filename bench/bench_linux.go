@@ -117,7 +117,13 @@ func Run(ctx context.Context, s *boot.Stack, o Options) (*Report, error) {
 		r.Close()
 	}
 	if o.IdleSandboxes > 0 {
-		for _, preload := range [][]string{s.Config.Pool.Preload, {}} {
+		// The configured preload, and none for comparison (once, when the
+		// configuration preloads nothing).
+		preloads := [][]string{s.Config.Pool.Preload}
+		if len(s.Config.Pool.Preload) > 0 {
+			preloads = append(preloads, []string{})
+		}
+		for _, preload := range preloads {
 			mem, err := measureIdle(ctx, s, o.IdleSandboxes, preload)
 			if err != nil {
 				o.Log.Warn("memory of idle sandboxes not measured", "preload", preload, "err", err)
