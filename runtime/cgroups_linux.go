@@ -22,16 +22,14 @@ const cgroupRoot = "/sys/fs/cgroup"
 // clean up. Only empty ones can go: rmdir refuses a cgroup with processes,
 // so a live sandbox's is never touched. It returns how many it removed.
 func RemoveStaleCgroups(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
-	cs, err := client.Containers(namespaces.WithNamespace(ctx, namespace))
-	if err != nil {
-		return 0, fmt.Errorf("list sandboxes: %w", err)
-	}
-	live := map[string]bool{}
-	for _, c := range cs {
-		live[c.ID()] = true
-	}
+	// The cgroups first, then the containers: a sandbox another instance
+	// is creating has its container before its cgroup, so it is listed.
 	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "airlock", "airlock-*"))
 	v2, _ := filepath.Glob(filepath.Join(cgroupRoot, "airlock", "airlock-*"))
+	live, err := containerIDs(ctx, client, namespace)
+	if err != nil {
+		return 0, err
+	}
 	n := 0
 	var errs []error
 	for _, d := range append(dirs, v2...) {
@@ -47,6 +45,20 @@ func RemoveStaleCgroups(ctx context.Context, client *containerd.Client, namespac
 		n++
 	}
 	return n, errors.Join(errs...)
+}
+
+// containerIDs are the ids of every container in namespace, whichever
+// instance owns it.
+func containerIDs(ctx context.Context, client *containerd.Client, namespace string) (map[string]bool, error) {
+	cs, err := client.Containers(namespaces.WithNamespace(ctx, namespace))
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	ids := make(map[string]bool, len(cs))
+	for _, c := range cs {
+		ids[c.ID()] = true
+	}
+	return ids, nil
 }
 
 // errCgroupBusy: the cgroup still holds processes, so it is not stale.

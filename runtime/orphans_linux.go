@@ -12,7 +12,8 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
-	"github.com/containerd/containerd/v2/pkg/namespaces"
+
+	"github.com/airlock-mcp/airlock/runtime/daemon"
 )
 
 // RemoveOrphanSandboxProcesses kills the gVisor processes (runsc's sandbox
@@ -22,39 +23,51 @@ import (
 // whichever instance owns it, is never touched. It returns how many
 // processes it killed.
 func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
-	cs, err := client.Containers(namespaces.WithNamespace(ctx, namespace))
-	if err != nil {
-		return 0, fmt.Errorf("list sandboxes: %w", err)
+	// The processes first, then the containers: a sandbox another instance
+	// is creating has its container before its runsc, so it is listed.
+	type candidate struct {
+		pid int
+		id  string
 	}
-	live := map[string]bool{}
-	for _, c := range cs {
-		live[c.ID()] = true
-	}
+	var found []candidate
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var killed []int
-	var errs []error
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
 		if err != nil || len(b) == 0 {
 			continue
 		}
 		ns, id, ok := runscBundle(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"))
-		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") || live[id] {
+		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") {
 			continue
 		}
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-			errs = append(errs, fmt.Errorf("kill orphaned runsc %d (%s): %w", pid, id, err))
+		found = append(found, candidate{pid, id})
+	}
+	if len(found) == 0 {
+		return 0, nil
+	}
+	live, err := containerIDs(ctx, client, namespace)
+	if err != nil {
+		return 0, err
+	}
+	var killed []int
+	var errs []error
+	for _, c := range found {
+		if live[c.id] {
 			continue
 		}
-		killed = append(killed, pid)
+		if err := syscall.Kill(c.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill orphaned runsc %d (%s): %w", c.pid, c.id, err))
+			continue
+		}
+		killed = append(killed, c.pid)
 	}
 	// Their cgroups can go once they are gone.
 	waiting := append([]int(nil), killed...)
 	for end := time.Now().Add(5 * time.Second); len(waiting) > 0 && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		still := waiting[:0]
 		for _, pid := range waiting {
-			if running(pid) {
+			if daemon.ProcessAlive(pid) {
 				still = append(still, pid)
 			}
 		}
@@ -84,15 +97,4 @@ func runscBundle(args []string) (namespace, id string, ok bool) {
 		return filepath.Base(filepath.Dir(bundle)), filepath.Base(bundle), bundle != "."
 	}
 	return "", "", false
-}
-
-// running reports whether pid exists and is not a zombie.
-func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	st := string(b)
-	i := strings.LastIndexByte(st, ')')
-	return i < 0 || i+2 >= len(st) || st[i+2] != 'Z'
 }

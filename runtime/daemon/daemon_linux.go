@@ -108,7 +108,7 @@ func (d *Daemon) start(ctx context.Context) error {
 			d.opts.Log.Info("started embedded containerd", "pid", pid, "address", d.Address)
 			return nil
 		}
-		if time.Now().After(deadline) || !processAlive(pid) {
+		if time.Now().After(deadline) || !ProcessAlive(pid) {
 			_ = cmd.Process.Kill()
 			return fmt.Errorf("embedded containerd did not come up (see %s)", filepath.Join(d.dir, "containerd.log"))
 		}
@@ -173,7 +173,7 @@ func (d *Daemon) restart(ctx context.Context) error {
 	if pid := d.pid(); pid > 0 {
 		// Alive but not answering: it goes.
 		_ = syscall.Kill(pid, syscall.SIGKILL)
-		for i := 0; i < 100 && processAlive(pid); i++ {
+		for i := 0; i < 100 && ProcessAlive(pid); i++ {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
@@ -200,10 +200,10 @@ func (d *Daemon) stop() error {
 		return nil
 	}
 	_ = syscall.Kill(pid, syscall.SIGTERM)
-	for i := 0; i < 100 && processAlive(pid); i++ {
+	for i := 0; i < 100 && ProcessAlive(pid); i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if processAlive(pid) {
+	if ProcessAlive(pid) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	_ = os.Remove(filepath.Join(d.dir, "containerd.pid"))
@@ -218,7 +218,7 @@ func (d *Daemon) pid() int {
 		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || !processAlive(pid) {
+	if err != nil || !ProcessAlive(pid) {
 		return 0
 	}
 	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
@@ -228,7 +228,9 @@ func (d *Daemon) pid() int {
 	return pid
 }
 
-func processAlive(pid int) bool {
+// ProcessAlive reports whether pid is a running process: one that exists
+// and is not a zombie.
+func ProcessAlive(pid int) bool {
 	if pid <= 0 {
 		return false
 	}

@@ -68,7 +68,7 @@ func TestSharedDaemonLifecycle(t *testing.T) {
 	if err := b.Leave(ctx, stopper(t, db)); err != nil {
 		t.Fatal(err)
 	}
-	if processAlive(pid) {
+	if ProcessAlive(pid) {
 		t.Fatalf("daemon %d still running after the last instance left", pid)
 	}
 }
@@ -93,7 +93,7 @@ func TestDeadInstanceDoesNotHoldDaemon(t *testing.T) {
 	if err := self.Leave(ctx, stopper(t, d)); err != nil {
 		t.Fatal(err)
 	}
-	if processAlive(pid) {
+	if ProcessAlive(pid) {
 		t.Fatal("daemon kept alive by a dead instance")
 	}
 }
@@ -140,7 +140,7 @@ func TestSimultaneousLeaveStopsDaemon(t *testing.T) {
 	if got := stops.Load(); got != 1 {
 		t.Errorf("last-out ran %d times, want exactly 1", got)
 	}
-	if processAlive(pid) {
+	if ProcessAlive(pid) {
 		t.Errorf("daemon %d still running after every instance left", pid)
 	}
 }
