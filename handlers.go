@@ -2,11 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"net/http"
-	"time"
 
 	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/metrics"
@@ -87,23 +83,14 @@ func (a *app) startConsole(ctx context.Context, g *approval.Gate) (func(), error
 	if err != nil {
 		return nil, err
 	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", cfg.Approval.Console.Listen)
+	addr, stop, err := a.serveSide(ctx, cfg.Approval.Console.Listen, console, "approval console")
 	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
+		return nil, err
 	}
-	srv := &http.Server{Handler: console, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("approval console stopped", "err", err)
-		}
-	}()
 	g.SetConsole(true)
-	a.log.Info("approval console listening", "url", "http://"+ln.Addr().String()+"/", "token_file", cfg.ConsoleTokenFile())
+	a.log.Info("approval console listening", "url", "http://"+addr.String()+"/", "token_file", cfg.ConsoleTokenFile())
 	return func() {
 		g.SetConsole(false)
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx)
+		stop()
 	}, nil
 }

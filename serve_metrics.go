@@ -19,21 +19,32 @@ func (a *app) startMetrics(ctx context.Context) (func(), error) {
 	if addr == "" {
 		return func() {}, nil
 	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Handler())
+	bound, stop, err := a.serveSide(ctx, addr, mux, "metrics endpoint")
 	if err != nil {
 		return nil, fmt.Errorf("metrics.listen %s: %w", addr, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics.Handler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	a.log.Info("metrics listening", "url", "http://"+bound.String()+"/metrics")
+	return stop, nil
+}
+
+// serveSide serves h on addr beside the MCP transports (the approval
+// console, the metrics endpoint) until the returned stop is called. what
+// names it in the log if it stops on its own.
+func (a *app) serveSide(ctx context.Context, addr string, h http.Handler, what string) (net.Addr, func(), error) {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("metrics endpoint stopped", "err", err)
+			a.log.Error(what+" stopped", "err", err)
 		}
 	}()
-	a.log.Info("metrics listening", "url", "http://"+ln.Addr().String()+"/metrics")
-	return func() {
+	return ln.Addr(), func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(sctx)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime"
@@ -112,20 +111,10 @@ func circuitGauge(t *testing.T) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == "airlock_circuit_open" {
-			return metricValue(mf.GetMetric()[0])
+			return mf.GetMetric()[0].GetGauge().GetValue()
 		}
 	}
 	t.Fatal("airlock_circuit_open not exported")
-	return 0
-}
-
-func metricValue(m *dto.Metric) float64 {
-	switch {
-	case m.GetGauge() != nil:
-		return m.GetGauge().GetValue()
-	case m.GetCounter() != nil:
-		return m.GetCounter().GetValue()
-	}
 	return 0
 }
 

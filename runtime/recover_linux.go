@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -59,26 +58,11 @@ func (m *ContainerdManager) RuntimeRestarted(ctx context.Context) {
 }
 
 // reconcile removes this instance's containers that no live sandbox of
-// this manager holds.
+// this manager holds. A sandbox is tracked before its container exists,
+// so one being made is never taken for a leftover.
 func (m *ContainerdManager) reconcile(ctx context.Context) (int, error) {
-	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
-	containers, err := m.o.Client.Containers(ctx, "labels.\""+LabelInstance+"\"=="+m.o.InstanceID)
-	if err != nil {
-		return 0, fmt.Errorf("list sandboxes: %w", err)
-	}
-	doomed := map[string]bool{}
-	m.liveMu.Lock()
-	for _, c := range containers {
-		if _, ok := m.live[c.ID()]; !ok {
-			doomed[c.ID()] = true
-		}
-	}
-	m.liveMu.Unlock()
-	if len(doomed) == 0 {
-		return 0, nil
-	}
 	return removeContainers(ctx, m.o.Client, m.o.Namespace, func(id, instance string) bool {
-		return instance == m.o.InstanceID && doomed[id]
+		return instance == m.o.InstanceID && !m.tracked(id)
 	})
 }
 
@@ -87,6 +71,13 @@ func (m *ContainerdManager) track(s *sandbox) {
 	m.liveMu.Lock()
 	defer m.liveMu.Unlock()
 	m.live[s.id] = s
+}
+
+func (m *ContainerdManager) tracked(id string) bool {
+	m.liveMu.Lock()
+	defer m.liveMu.Unlock()
+	_, ok := m.live[id]
+	return ok
 }
 
 func (m *ContainerdManager) untrack(s *sandbox) {

@@ -105,24 +105,25 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	s.Client = client
 	s.closers = append(s.closers, func(context.Context) { _ = client.Close() })
 
-	// Sandboxes of instances that died without cleaning up.
+	// What instances that died left behind, in order: their sandboxes,
+	// then runsc processes no container owns, then cgroups nothing uses.
 	nctx := namespaces.WithNamespace(ctx, cfg.Containerd.Namespace)
-	if n, err := runtime.RemoveSandboxes(nctx, client, cfg.Containerd.Namespace, s.deadInstance); err != nil {
-		log.Warn("remove orphaned sandboxes", "err", err)
-	} else if n > 0 {
-		log.Info("removed orphaned sandboxes", "count", n)
+	ns := cfg.Containerd.Namespace
+	for _, sweep := range []struct {
+		what string
+		run  func() (int, error)
+	}{
+		{"orphaned sandboxes", func() (int, error) { return runtime.RemoveSandboxes(nctx, client, ns, s.deadInstance) }},
+		{"orphaned sandbox processes", func() (int, error) { return runtime.RemoveOrphanSandboxProcesses(ctx, client, ns) }},
+		{"stale sandbox cgroups", func() (int, error) { return runtime.RemoveStaleCgroups(ctx, client, ns) }},
+	} {
+		if n, err := sweep.run(); err != nil {
+			log.Warn("remove "+sweep.what, "err", err)
+		} else if n > 0 {
+			log.Info("removed "+sweep.what, "count", n)
+		}
 	}
 	s.removeDeadFIFODirs()
-	if n, err := runtime.RemoveOrphanSandboxProcesses(ctx, client, cfg.Containerd.Namespace); err != nil {
-		log.Warn("kill orphaned sandbox processes", "err", err)
-	} else if n > 0 {
-		log.Info("killed orphaned sandbox processes", "count", n)
-	}
-	if n, err := runtime.RemoveStaleCgroups(ctx, client, cfg.Containerd.Namespace); err != nil {
-		log.Warn("remove stale sandbox cgroups", "err", err)
-	} else if n > 0 {
-		log.Info("removed stale sandbox cgroups", "count", n)
-	}
 	if need == NeedClient {
 		return s, nil
 	}

@@ -159,7 +159,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 // runWork runs one piece of work and notes, besides its exit, the limits
 // it was seen to hit from in here: a writable filesystem it filled.
 func (d *driver) runWork(w Work, session bool) (*Rich, Exit) {
-	fullBefore := diskFull()
+	// A session's workspace may be full from an earlier call; a fresh
+	// sandbox's is not.
+	fullBefore := session && diskFull()
 	rich, exit := d.run(w, session)
 	exit.Timings = d.timings
 	if !fullBefore && diskFull() {
