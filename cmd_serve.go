@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/server"
@@ -62,7 +63,7 @@ func (a *app) serveStdio(cmd *cobra.Command) error {
 		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
 		s := server.New(version, h)
 		workers := a.cfg.Limits.Concurrency + a.cfg.Limits.Queue + 8
-		return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), workers, a.log)
+		return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), workers, int(maxMessageBytes(a.cfg)), a.log)
 	})
 }
 
@@ -103,7 +104,7 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			Ready:          stack.Ready,
 			Extra:          map[string]http.Handler{"/metrics": metrics.Handler()},
 			// A write_file of the largest file, base64-encoded, must fit.
-			MaxBody: max(8<<20, int64(cfg.Files.MaxFileMB)<<20*4/3+1<<20),
+			MaxBody: maxMessageBytes(cfg),
 			Log:     a.log,
 		})
 		if err != nil {
@@ -200,4 +201,11 @@ func (a *app) tokenCmd() *cobra.Command {
 	}
 	cmd.AddCommand(add)
 	return cmd
+}
+
+// maxMessageBytes bounds one JSON-RPC message on every transport: room for
+// the largest file write_file takes, base64-encoded, plus headroom, and
+// never less than 8 MiB (code is capped far below that by limits.code_bytes).
+func maxMessageBytes(cfg config.Config) int64 {
+	return max(8<<20, int64(cfg.Files.MaxFileMB)<<20*4/3+1<<20, int64(cfg.Limits.CodeBytes)*6+1<<20)
 }

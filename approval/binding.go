@@ -154,6 +154,22 @@ type Info struct {
 	Grants []string
 	// Rendered is the code as the human sees it.
 	Rendered Rendered
+	// RoundTrip is set when the question went back to the client as an
+	// input request (the stateless protocol): the client's retry carrying
+	// the answer is the one way to decide it. A request asked any other
+	// way (elicitation/create, the console) can never be decided by a
+	// retry, whoever presents its id.
+	RoundTrip bool
+}
+
+// Ref is a short reference to an approval id for logs that the requester
+// may read (a stdio client owns airlock's stderr): enough for an operator
+// to match it on the console, never enough to name the request.
+func Ref(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
 }
 
 // Ledger holds the approvals in flight. The zero value is not usable; call
@@ -243,8 +259,11 @@ func (l *Ledger) Decide(id string, approve bool, approver string, at time.Time) 
 }
 
 // Claim hands the pending request id to the call that presents it back
-// (a multi round-trip retry), once. A request of another client reads as
-// unknown, so one client can neither use nor spoil another's approval. A
+// (a multi round-trip retry), once. Only a request whose question went to
+// this client as an input request can be claimed: a request of another
+// client, or one waiting for the console or for an elicitation/create
+// answer, reads as unknown, so a client can neither answer a question it
+// was not asked nor use or spoil another's approval. A
 // second claim gets ErrConsumed. A claim whose digest differs from the
 // request's is refused with ErrChanged and denies the request, since the
 // human was shown other arguments.
@@ -253,7 +272,7 @@ func (l *Ledger) Claim(id, client, digest string) (*Pending, error) {
 	defer l.mu.Unlock()
 	l.sweepLocked(l.now())
 	p, ok := l.pending[id]
-	if !ok || p.Request.Client != client {
+	if !ok || p.Request.Client != client || p.Info.Channel != ChannelElicitation || !p.Info.RoundTrip {
 		return nil, fmt.Errorf("approval %q: %w", id, ErrUnknown)
 	}
 	if p.claimed {

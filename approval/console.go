@@ -165,6 +165,9 @@ type PendingView struct {
 	Warnings     []string  `json:"warnings"`
 	// Code is the rendered code: invisible characters made visible.
 	Code string `json:"code"`
+	// Numbered is Code with every line's number in a gutter, as the page
+	// shows it: no line of code can pass for the page's own text.
+	Numbered string `json:"numbered"`
 	// Description is the whole request as plain text, as the CLI prints it.
 	Description string `json:"description"`
 }
@@ -179,7 +182,7 @@ type Requests struct {
 func View(p *Pending) PendingView {
 	r := p.Request
 	rendered := p.Info.Rendered
-	if rendered.Text == "" && r.Code != "" {
+	if rendered.Numbered == "" && r.Code != "" {
 		rendered = Render(r.Code)
 	}
 	return PendingView{
@@ -187,7 +190,7 @@ func View(p *Pending) PendingView {
 		Rule: p.Info.Rule, Created: p.Created.UTC(), Expires: p.Expires.UTC(),
 		Network: r.Network, AllowDomains: nonNil(r.AllowDomains), Grants: nonNil(p.Info.Grants),
 		Limits: DescribeLimits(r.Limits), Lines: rendered.Lines, CodeBytes: len(r.Code),
-		CodeSHA256: CodeSHA256(r.Code), Warnings: nonNil(rendered.Warnings), Code: rendered.Text,
+		CodeSHA256: CodeSHA256(r.Code), Warnings: nonNil(rendered.Warnings), Code: rendered.Text, Numbered: rendered.Numbered,
 		Description: Describe(p),
 	}
 }
@@ -221,7 +224,7 @@ func (c *Console) decide(w http.ResponseWriter, r *http.Request, approver string
 	err := c.gate.DecideConsole(id, approve, "console:"+approver)
 	switch {
 	case err == nil:
-		c.log.Info("approval decided", "approval", id, "approved", approve, "approver", approver, "channel", ChannelConsole)
+		c.log.Info("approval decided", "approval_ref", Ref(id), "approved", approve, "approver", approver, "channel", ChannelConsole)
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "approved": approve, "approver": "console:" + approver})
 	case errors.Is(err, ErrUnknown):
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no request with that id is waiting on the console"})

@@ -8,13 +8,21 @@ import (
 	"time"
 )
 
-// Code delimiters in a description: a reviewer sees exactly where the code
-// starts and ends, and the renderer guarantees the code cannot print them
-// on a line of its own without the markers of its escapes.
+// Frame lines around the code in a description. Every line between them
+// starts with the renderer's gutter (a line number, or the mark of a
+// continuation), never at column 0, so code can print anything, these
+// lines included, and still not end the frame: the one line that starts
+// with "─────" after the first is the real end. The end line repeats the
+// line count and the hash, where the human decides.
 const (
-	codeBegin = "───── code ─────"
-	codeEnd   = "───── end of code ─────"
+	framePrefix = "─────"
+	codeBegin   = framePrefix + " code: every line below starts with its number; the code ends at the line that starts with " + framePrefix + " ─────"
 )
+
+// codeEnd is the frame line after the code.
+func codeEnd(lines int, sha string) string {
+	return fmt.Sprintf("%s end of code: %d lines, sha256 %s %s", framePrefix, lines, sha, framePrefix)
+}
 
 // Describe is the plain-text form of a pending request that a channel
 // shows a human: what asks, what it may reach, its limits, and all of its
@@ -49,12 +57,14 @@ func Describe(p *Pending) string {
 	if len(rendered.Warnings) > 0 {
 		fmt.Fprintf(&b, "⚠ Made visible: %s\n", strings.Join(rendered.Warnings, "; "))
 	}
-	b.WriteString(codeBegin + "\n")
-	b.WriteString(rendered.Text)
-	if !strings.HasSuffix(rendered.Text, "\n") {
-		b.WriteString("\n")
+	if rendered.Numbered == "" && rendered.Text != "" {
+		rendered = Render(r.Code) // a Rendered from before numbering
 	}
-	b.WriteString(codeEnd + "\n")
+	b.WriteString(codeBegin + "\n")
+	if rendered.Numbered != "" {
+		b.WriteString(rendered.Numbered + "\n")
+	}
+	b.WriteString(codeEnd(rendered.Lines, CodeSHA256(r.Code)) + "\n")
 	fmt.Fprintf(&b, "Expires %s (in %d s). Approve only what you have read in full.", p.Expires.UTC().Format(time.RFC3339), int(time.Until(p.Expires).Round(time.Second).Seconds()))
 	return b.String()
 }

@@ -2,6 +2,7 @@ package approval
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -42,12 +43,31 @@ type Rendered struct {
 	// Text is the code with invisible and control characters made visible.
 	// It holds only printable runes, '\n' and '\t'.
 	Text string
+	// Numbered is Text with a gutter before every line: the code's line
+	// number, "┆" on a continuation of a wrapped line, the range of a
+	// collapsed run of blank lines. No line of it starts at column 0 with
+	// anything but the gutter, so no line of code can pass for a line of
+	// the frame a channel draws around it.
+	Numbered string
 	// Lines is the number of lines of the original code, so the reviewer can
 	// tell when the display collapsed blank lines or wrapped long ones.
 	Lines int
 	// Warnings names each kind of hidden content found, once, in the order
 	// first seen, so a channel can put them above the code.
 	Warnings []string
+}
+
+// Gutter characters of Rendered.Numbered.
+const (
+	gutterLine = "│ "
+	gutterWrap = "┆ "
+)
+
+// displayLine is one line of the display and where it came from.
+type displayLine struct {
+	first, last int // code line numbers, 1-based; last > first for a collapsed run
+	wrapped     bool
+	text        string
 }
 
 // bidiNames are the Unicode bidirectional controls used in Trojan-source
@@ -77,6 +97,19 @@ var zeroWidthNames = map[rune]string{
 	0xFEFF: "ZERO WIDTH NO-BREAK SPACE",
 }
 
+// blankLooking are printable characters (letters or symbols to Unicode)
+// that most fonts draw as empty space: a line of them looks blank, which
+// is how a long program hides below a short one.
+var blankLooking = map[rune]string{
+	0x115F: "HANGUL CHOSEONG FILLER",
+	0x1160: "HANGUL JUNGSEONG FILLER",
+	0x17B4: "KHMER VOWEL INHERENT AQ",
+	0x17B5: "KHMER VOWEL INHERENT AA",
+	0x2800: "BRAILLE PATTERN BLANK",
+	0x3164: "HANGUL FILLER",
+	0xFFA0: "HALFWIDTH HANGUL FILLER",
+}
+
 // token is the display of one input character; the line cutter needs to
 // know where each input character starts so it never splits a marker.
 type token struct {
@@ -89,7 +122,7 @@ type token struct {
 // lines wrap onto marked continuation lines, and a warning names each.
 func Render(code string) Rendered {
 	var (
-		out      strings.Builder
+		display  []displayLine
 		warnings []string
 		seen     = map[string]bool{}
 	)
@@ -112,14 +145,14 @@ func Render(code string) Rendered {
 		raw = nil
 	}
 
-	blankRun := 0
+	blankRun, blankFrom := 0, 0
 	flushBlanks := func() {
 		if blankRun > maxBlankRun {
-			fmt.Fprintf(&out, "⟦%d blank lines⟧\n", blankRun)
+			display = append(display, displayLine{first: blankFrom, last: blankFrom + blankRun - 1, text: fmt.Sprintf("⟦%d blank lines⟧", blankRun)})
 			warn(WarnBlankLines)
 		} else {
 			for i := 0; i < blankRun; i++ {
-				out.WriteByte('\n')
+				display = append(display, displayLine{first: blankFrom + i, last: blankFrom + i})
 			}
 		}
 		blankRun = 0
@@ -133,26 +166,52 @@ func Render(code string) Rendered {
 		if strings.Trim(line, " \t") == "" {
 			// Whitespace-only lines hide nothing but vertical space; keep a
 			// blank line blank so the count is exact.
+			if blankRun == 0 {
+				blankFrom = i + 1
+			}
 			blankRun++
 			continue
 		}
 		flushBlanks()
-		out.WriteString(renderLine(line, warn))
-		out.WriteByte('\n')
+		for j, part := range renderLine(line, warn) {
+			display = append(display, displayLine{first: i + 1, last: i + 1, wrapped: j > 0, text: part})
+		}
 	}
 	flushBlanks()
 
-	text := out.String()
-	if !strings.HasSuffix(code, "\n") {
-		text = strings.TrimSuffix(text, "\n")
+	var text, numbered strings.Builder
+	width := len(strconv.Itoa(max(lines, 1)))
+	for i, d := range display {
+		if i > 0 {
+			text.WriteByte('\n')
+			numbered.WriteByte('\n')
+		}
+		switch {
+		case d.wrapped:
+			text.WriteString(WrapMarker)
+			fmt.Fprintf(&numbered, "%*s%s", width, "", gutterWrap)
+		case d.last > d.first:
+			fmt.Fprintf(&numbered, "%*s%s", width, fmt.Sprintf("%d-%d", d.first, d.last), gutterLine)
+		default:
+			fmt.Fprintf(&numbered, "%*d%s", width, d.first, gutterLine)
+		}
+		text.WriteString(d.text)
+		numbered.WriteString(d.text)
 	}
-	return Rendered{Text: text, Lines: lines, Warnings: warnings}
+	if strings.HasSuffix(code, "\n") && len(display) > 0 {
+		text.WriteByte('\n')
+	}
+	return Rendered{Text: text.String(), Numbered: numbered.String(), Lines: lines, Warnings: warnings}
 }
 
-// renderLine escapes one line (without its newline) and wraps it every
-// MaxLineDisplay display characters, never inside an escape marker.
-func renderLine(line string, warn func(string)) string {
-	var b strings.Builder
+// renderLine escapes one line (without its newline) and cuts it every
+// MaxLineDisplay display characters, never inside an escape marker; the
+// parts after the first are continuations.
+func renderLine(line string, warn func(string)) []string {
+	var (
+		parts []string
+		b     strings.Builder
+	)
 	width := 0
 	for i := 0; i < len(line); {
 		r, size := utf8.DecodeRuneInString(line[i:])
@@ -166,13 +225,14 @@ func renderLine(line string, warn func(string)) string {
 		i += size
 		if width > 0 && width+t.width > MaxLineDisplay {
 			warn(WarnLongLines)
-			b.WriteString("\n" + WrapMarker)
+			parts = append(parts, b.String())
+			b.Reset()
 			width = utf8.RuneCountInString(WrapMarker)
 		}
 		b.WriteString(t.text)
 		width += t.width
 	}
-	return b.String()
+	return append(parts, b.String())
 }
 
 // escapeRune returns the display of one character, warning about its kind
@@ -193,6 +253,9 @@ func escapeRune(r rune, warn func(string)) token {
 	case zeroWidthNames[r] != "":
 		warn(WarnZeroWidth)
 		return marker(fmt.Sprintf("⟦U+%04X %s⟧", r, zeroWidthNames[r]))
+	case blankLooking[r] != "":
+		warn(WarnInvisible)
+		return marker(fmt.Sprintf("⟦U+%04X %s⟧", r, blankLooking[r]))
 	case r < 0x20 || (r >= 0x7F && r <= 0x9F):
 		warn(WarnControl)
 		return marker(fmt.Sprintf("⟦U+%04X⟧", r))

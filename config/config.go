@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -202,7 +203,10 @@ type NetworkConfig struct {
 	AllowPrivate []string `mapstructure:"allow_private"`
 	Bridge       string   `mapstructure:"bridge"`
 	Subnet       string   `mapstructure:"subnet"`
-	ProxyPort    int      `mapstructure:"proxy_port"`
+	// Table names the nftables tables (inet and bridge) of the firewall.
+	// Two deployments on one host need their own bridge, subnet and table.
+	Table     string `mapstructure:"table"`
+	ProxyPort int    `mapstructure:"proxy_port"`
 	// CAFile is a PEM bundle the sandbox trusts in addition to the system's.
 	CAFile string `mapstructure:"ca_file"`
 }
@@ -302,6 +306,7 @@ func Defaults() Config {
 			AllowPorts: []int{80, 443},
 			Bridge:     "airlock0",
 			Subnet:     "10.89.0.0/24",
+			Table:      "airlock",
 			ProxyPort:  3128,
 		},
 		Approval: ApprovalConfig{
@@ -366,6 +371,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("network.allow_private", d.Network.AllowPrivate)
 	v.SetDefault("network.bridge", d.Network.Bridge)
 	v.SetDefault("network.subnet", d.Network.Subnet)
+	v.SetDefault("network.table", d.Network.Table)
 	v.SetDefault("network.proxy_port", d.Network.ProxyPort)
 	v.SetDefault("network.ca_file", d.Network.CAFile)
 	v.SetDefault("approval.mode", d.Approval.Mode)
@@ -444,6 +450,9 @@ func Load(v *viper.Viper, path string) (Config, error) {
 	return c, nil
 }
 
+// tableNameRE is what nftables takes as a table name, as airlock uses it.
+var tableNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,32}$`)
+
 // Validate reports the first setting that cannot work, naming its key.
 func (c Config) Validate() error {
 	l := c.Limits
@@ -485,6 +494,7 @@ func (c Config) Validate() error {
 		{c.Network.Mode == NetworkNone || c.Network.Enabled(),
 			"network.mode is allowlist but network.allow_domains is empty: list the domains sandboxes may reach"},
 		{c.Network.ProxyPort > 0 && c.Network.ProxyPort < 65536, "network.proxy_port must be a TCP port"},
+		{tableNameRE.MatchString(c.Network.Table), "network.table must be 1-32 of A-Z, a-z, 0-9 and _ (an nftables table name)"},
 		{c.Sandbox.UID > 0 && c.Sandbox.GID > 0, "sandbox.uid and sandbox.gid must be non-zero: sandboxes never run as root"},
 		{c.Approval.Timeout >= time.Second, "approval.timeout must be at least 1s (write it with a unit: 120s, 5m)"},
 		{len(c.Approval.GrantableDomains) == 0 || c.Approval.Enabled(),

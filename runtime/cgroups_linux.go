@@ -13,19 +13,29 @@ import (
 )
 
 // cgroupRoot is where the cgroups of sandboxes live (their spec's
-// CgroupsPath is /airlock/<container id>), under every hierarchy.
+// CgroupsPath is CgroupsPath), under every hierarchy.
 const cgroupRoot = "/sys/fs/cgroup"
 
-// RemoveStaleCgroups removes sandbox cgroups (cgroupRoot/*/airlock/airlock-*,
-// or cgroupRoot/airlock/airlock-* on cgroup v2) whose container no longer
-// exists, such as those of a sandbox whose runsc was killed before it could
-// clean up. Only empty ones can go: rmdir refuses a cgroup with processes,
-// so a live sandbox's is never touched. It returns how many it removed.
-func RemoveStaleCgroups(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
+// CgroupsPath is the cgroup of deployment's sandbox id: one parent per
+// deployment, so a sweep never looks at another deployment's.
+func CgroupsPath(deployment, id string) string {
+	return "/airlock/" + deployment + "/" + id
+}
+
+// RemoveStaleCgroups removes deployment's sandbox cgroups
+// (cgroupRoot/*/airlock/<deployment>/airlock-*, or without the * on
+// cgroup v2) whose container no longer exists, such as those of a sandbox
+// whose runsc was killed before it could clean up. Only empty ones can go:
+// rmdir refuses a cgroup with processes, so a live sandbox's is never
+// touched. It returns how many it removed.
+func RemoveStaleCgroups(ctx context.Context, client *containerd.Client, namespace, deployment string) (int, error) {
+	if deployment == "" {
+		return 0, errors.New("remove stale cgroups: no deployment id")
+	}
 	// The cgroups first, then the containers: a sandbox another instance
 	// is creating has its container before its cgroup, so it is listed.
-	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "airlock", "airlock-*"))
-	v2, _ := filepath.Glob(filepath.Join(cgroupRoot, "airlock", "airlock-*"))
+	dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "airlock", deployment, "airlock-*"))
+	v2, _ := filepath.Glob(filepath.Join(cgroupRoot, "airlock", deployment, "airlock-*"))
 	live, err := containerIDs(ctx, client, namespace)
 	if err != nil {
 		return 0, err

@@ -34,7 +34,11 @@ const (
 // Close and GC find exactly their own.
 const (
 	LabelInstance = "airlock.instance"
-	LabelRun      = "airlock.run"
+	// LabelDeployment names the deployment (one state_dir) whose instance
+	// made it: sweeps touch only their own deployment's sandboxes, never
+	// those of another airlock sharing the daemon.
+	LabelDeployment = "airlock.deployment"
+	LabelRun        = "airlock.run"
 	// LabelPool is "warming" on a pooled sandbox being made ready, "idle"
 	// once it waits in the pool, and "taken" once a run has it.
 	LabelPool = "airlock.pool"
@@ -52,9 +56,11 @@ type Options struct {
 	Runsc      string   // absolute path of runsc
 	RunscFlags []string // extra global runsc flags (runc shim only)
 	InstanceID string
-	StateDir   string
-	UID, GID   uint32
-	Env        map[string]string
+	// DeploymentID labels every sandbox, and scopes every sweep.
+	DeploymentID string
+	StateDir     string
+	UID, GID     uint32
+	Env          map[string]string
 	// Concurrency is how many sandboxes may run at once. Past it up to Queue
 	// runs wait for a slot, each for at most QueueWait; past that Run returns
 	// ErrBusy at once.
@@ -136,8 +142,12 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 		if err != nil {
 			return nil, err
 		}
-		m.runtimeOpts = &options.Options{BinaryName: wrapper}
-		m.netOpts = &options.Options{BinaryName: netWrapper}
+		// runsc's state under a root of the deployment's own: every runsc
+		// process names it (--root), which is how a sweep tells its own
+		// orphans from another deployment's sandboxes.
+		root := RunscRoot(o.DeploymentID)
+		m.runtimeOpts = &options.Options{BinaryName: wrapper, Root: root}
+		m.netOpts = &options.Options{BinaryName: netWrapper, Root: root}
 	case ShimRunsc:
 		// gVisor's shim finds runsc on containerd's PATH and takes no options here.
 	default:
@@ -151,6 +161,13 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	}
 	return m, nil
 }
+
+// runscRootBase holds one runsc state root per deployment; on tmpfs, so a
+// reboot leaves no stale state.
+const runscRootBase = "/run/airlock/runsc"
+
+// RunscRoot is runsc's state root for deployment's sandboxes.
+func RunscRoot(deployment string) string { return filepath.Join(runscRootBase, deployment) }
 
 // FIFODir is where an instance's sandbox stdio pipes live. It is per
 // instance so that Close and GC remove exactly their own.
@@ -289,24 +306,28 @@ func (m *ContainerdManager) Close(ctx context.Context) error {
 	}
 	m.teardowns.Wait()
 	m.stopEvents()
-	_, err := RemoveSandboxes(ctx, m.o.Client, m.o.Namespace, func(inst string) bool { return inst == m.o.InstanceID })
+	_, err := RemoveSandboxes(ctx, m.o.Client, m.o.Namespace, m.o.DeploymentID, func(inst string) bool { return inst == m.o.InstanceID })
 	if rerr := os.RemoveAll(m.fifoDir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove fifo dir: %w", rerr))
 	}
 	return err
 }
 
-// RemoveSandboxes deletes airlock's containers (with tasks and snapshots)
-// whose owning instance id matches doomed, and returns how many it removed.
-func RemoveSandboxes(ctx context.Context, client *containerd.Client, namespace string, doomed func(instance string) bool) (int, error) {
-	return removeContainers(ctx, client, namespace, func(_, instance string) bool { return doomed(instance) })
+// RemoveSandboxes deletes deployment's containers (with tasks and
+// snapshots) whose owning instance id matches doomed, and returns how many
+// it removed. Another deployment's are never listed.
+func RemoveSandboxes(ctx context.Context, client *containerd.Client, namespace, deployment string, doomed func(instance string) bool) (int, error) {
+	return removeContainers(ctx, client, namespace, deployment, func(_, instance string) bool { return doomed(instance) })
 }
 
-// removeContainers deletes airlock's containers for which doomed(id,
+// removeContainers deletes deployment's containers for which doomed(id,
 // owning instance) holds.
-func removeContainers(ctx context.Context, client *containerd.Client, namespace string, doomed func(id, instance string) bool) (int, error) {
+func removeContainers(ctx context.Context, client *containerd.Client, namespace, deployment string, doomed func(id, instance string) bool) (int, error) {
+	if deployment == "" {
+		return 0, errors.New("remove sandboxes: no deployment id")
+	}
 	ctx = namespaces.WithNamespace(ctx, namespace)
-	containers, err := client.Containers(ctx, "labels.\""+LabelInstance+"\"")
+	containers, err := client.Containers(ctx, fmt.Sprintf("labels.%q,labels.%q==%s", LabelInstance, LabelDeployment, deployment))
 	if err != nil {
 		return 0, fmt.Errorf("list sandboxes: %w", err)
 	}

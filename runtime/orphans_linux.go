@@ -17,12 +17,18 @@ import (
 )
 
 // RemoveOrphanSandboxProcesses kills the gVisor processes (runsc's sandbox
-// and gofer) of airlock sandboxes in namespace whose container containerd
-// no longer knows. They outlive their task when the airlock that was
-// creating it is killed at the wrong moment. A container that exists,
-// whichever instance owns it, is never touched. It returns how many
-// processes it killed.
-func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
+// and gofer) of deployment's sandboxes in namespace whose container
+// containerd no longer knows. They outlive their task when the airlock that
+// was creating it is killed at the wrong moment. Only processes under the
+// deployment's runsc root are considered (another deployment's sandboxes,
+// in another daemon, are not in this one's container list), and a
+// container that exists, whichever instance owns it, is never touched. It
+// returns how many processes it killed.
+func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client, namespace, deployment string) (int, error) {
+	if deployment == "" {
+		return 0, errors.New("remove orphan sandbox processes: no deployment id")
+	}
+	root := filepath.Join(RunscRoot(deployment), namespace)
 	// The processes first, then the containers: a sandbox another instance
 	// is creating has its container before its runsc, so it is listed.
 	type candidate struct {
@@ -36,8 +42,9 @@ func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client
 		if err != nil || len(b) == 0 {
 			continue
 		}
-		ns, id, ok := runscBundle(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"))
-		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") {
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		ns, id, ok := runscBundle(args)
+		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") || runscFlag(args, "root") != root {
 			continue
 		}
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
@@ -74,6 +81,23 @@ func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client
 		waiting = still
 	}
 	return len(killed), errors.Join(errs...)
+}
+
+// runscFlag returns the last value of runsc's flag name in args ("" when
+// absent): runsc, like the flag package, lets a later one win.
+func runscFlag(args []string, name string) string {
+	v := ""
+	for i, a := range args {
+		switch {
+		case strings.HasPrefix(a, "--"+name+"="):
+			v = strings.TrimPrefix(a, "--"+name+"=")
+		case strings.HasPrefix(a, "-"+name+"="):
+			v = strings.TrimPrefix(a, "-"+name+"=")
+		case (a == "--"+name || a == "-"+name) && i+1 < len(args):
+			v = args[i+1]
+		}
+	}
+	return filepath.Clean(v)
 }
 
 // runscBundle finds, in the arguments of a runsc process (gVisor names

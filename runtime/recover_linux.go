@@ -61,7 +61,7 @@ func (m *ContainerdManager) RuntimeRestarted(ctx context.Context) {
 // this manager holds. A sandbox is tracked before its container exists,
 // so one being made is never taken for a leftover.
 func (m *ContainerdManager) reconcile(ctx context.Context) (int, error) {
-	return removeContainers(ctx, m.o.Client, m.o.Namespace, func(id, instance string) bool {
+	return removeContainers(ctx, m.o.Client, m.o.Namespace, m.o.DeploymentID, func(id, instance string) bool {
 		return instance == m.o.InstanceID && !m.tracked(id)
 	})
 }

@@ -171,25 +171,37 @@ func TestContainerdKilledMidRun(t *testing.T) {
 }
 
 // TestRemoveStaleCgroups makes a sandbox-named cgroup with no container
-// behind it (what a runsc killed mid-teardown leaves) and one holding a
-// process: the first goes, the second stays.
+// behind it (what a runsc killed mid-teardown leaves), one holding a
+// process, and a stale one of another deployment: only the first goes.
 func TestRemoveStaleCgroups(t *testing.T) {
 	s := need(t)
-	parents, _ := filepath.Glob("/sys/fs/cgroup/*/airlock")
-	if len(parents) == 0 {
-		parents, _ = filepath.Glob("/sys/fs/cgroup/airlock")
+	var hier string
+	for _, h := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		if _, err := os.Stat(filepath.Join(h, "cgroup.procs")); err == nil {
+			hier = h
+			break
+		}
 	}
-	if len(parents) == 0 {
-		t.Fatal("no airlock cgroup parent on this host; no sandbox ever ran?")
+	if hier == "" {
+		t.Fatal("no cgroup hierarchy found under /sys/fs/cgroup")
 	}
-	parent := parents[0]
+	parent := filepath.Join(hier, runtime.CgroupsPath(s.Deployment, ""))
+	otherParent := filepath.Join(hier, runtime.CgroupsPath("0123456789ab", ""))
 	stale := filepath.Join(parent, "airlock-teststale"+runtime.NewRunID())
 	busy := filepath.Join(parent, "airlock-testbusy"+runtime.NewRunID())
-	for _, d := range []string{stale, filepath.Join(stale, "child"), busy} {
+	otherStale := filepath.Join(otherParent, "airlock-teststale"+runtime.NewRunID())
+	for _, d := range []string{parent, otherParent} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	defer os.Remove(otherParent)
+	for _, d := range []string{stale, filepath.Join(stale, "child"), busy, otherStale} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	defer os.Remove(otherStale)
 	sleeper := exec.Command("sleep", "60")
 	if err := sleeper.Start(); err != nil {
 		t.Fatal(err)
@@ -202,8 +214,11 @@ func TestRemoveStaleCgroups(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(busy, "cgroup.procs"), []byte(strconv.Itoa(sleeper.Process.Pid)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := runtime.RemoveStaleCgroups(context.Background(), s.Client, s.Config.Containerd.Namespace); err != nil {
+	if _, err := runtime.RemoveStaleCgroups(context.Background(), s.Client, s.Config.Containerd.Namespace, s.Deployment); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(otherStale); err != nil {
+		t.Errorf("another deployment's cgroup was removed: %v", err)
 	}
 	if _, err := os.Stat(stale); !os.IsNotExist(err) {
 		t.Errorf("stale cgroup %s survived: %v", stale, err)
@@ -214,15 +229,21 @@ func TestRemoveStaleCgroups(t *testing.T) {
 }
 
 // TestRemoveOrphanSandboxProcesses starts processes that look like runsc's
-// to the sweep (argv[0] runsc-gofer, a containerd bundle path): the one for
-// an airlock sandbox containerd does not know is killed; those of another
-// namespace or not airlock's are left alone.
+// to the sweep (argv[0] runsc-gofer, a runsc root, a containerd bundle
+// path): the one for an airlock sandbox of this deployment containerd does
+// not know is killed; those of another namespace, another deployment (its
+// own daemon does know it) or not airlock's are left alone.
 func TestRemoveOrphanSandboxProcesses(t *testing.T) {
 	s := need(t)
 	ns := s.Config.Containerd.Namespace
-	start := func(bundle string) *exec.Cmd {
+	ours := filepath.Join(runtime.RunscRoot(s.Deployment), ns)
+	start := func(bundle string, root ...string) *exec.Cmd {
 		t.Helper()
-		cmd := exec.Command("bash", "-c", `exec -a runsc-gofer /usr/bin/python3 -c 'import time; time.sleep(120)' gofer --bundle "$0"`, bundle)
+		r := ours
+		if len(root) > 0 {
+			r = root[0]
+		}
+		cmd := exec.Command("bash", "-c", `exec -a runsc-gofer /usr/bin/python3 -c 'import time; time.sleep(120)' --root "$1" gofer --bundle "$0"`, bundle, r)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -232,15 +253,16 @@ func TestRemoveOrphanSandboxProcesses(t *testing.T) {
 	orphan := start("/state/io.containerd.runtime.v2.task/" + ns + "/airlock-orphan" + runtime.NewRunID())
 	other := start("/state/io.containerd.runtime.v2.task/someone-else/airlock-x" + runtime.NewRunID())
 	notOurs := start("/state/io.containerd.runtime.v2.task/" + ns + "/web-" + runtime.NewRunID())
+	otherDeployment := start("/other/io.containerd.runtime.v2.task/"+ns+"/airlock-theirs"+runtime.NewRunID(), filepath.Join(runtime.RunscRoot("0123456789ab"), ns))
 	time.Sleep(300 * time.Millisecond) // exec -a done
-	n, err := runtime.RemoveOrphanSandboxProcesses(context.Background(), s.Client, ns)
+	n, err := runtime.RemoveOrphanSandboxProcesses(context.Background(), s.Client, ns, s.Deployment)
 	if err != nil || n != 1 {
 		t.Fatalf("killed %d, err %v; want 1", n, err)
 	}
 	if err := orphan.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
 		t.Errorf("the orphan: %v; want killed", err)
 	}
-	for name, c := range map[string]*exec.Cmd{"another namespace's": other, "a non-airlock container's": notOurs} {
+	for name, c := range map[string]*exec.Cmd{"another namespace's": other, "a non-airlock container's": notOurs, "another deployment's": otherDeployment} {
 		if c.ProcessState != nil || syscall.Kill(c.Process.Pid, 0) != nil {
 			t.Errorf("%s process was killed", name)
 		}

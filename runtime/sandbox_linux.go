@@ -107,7 +107,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 			s.destroy()
 		}
 	}()
-	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, PreloadModules: m.o.PoolPreload, Limits: lim, CgroupsPath: "/airlock/" + id}
+	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, PreloadModules: m.o.PoolPreload, Limits: lim, CgroupsPath: CgroupsPath(m.o.DeploymentID, id)}
 	// No shim grouping (io.containerd.runc.v2.group), though it would save
 	// a shim process per sandbox: with runsc under it, deleted sandboxes
 	// left their cgroups behind, and a create could reach a group's shim
@@ -134,7 +134,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	if err != nil {
 		return nil, err
 	}
-	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelRun: sid}
+	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelDeployment: m.o.DeploymentID, LabelRun: sid}
 	if preload {
 		labels[LabelPool] = "warming"
 	}

@@ -18,6 +18,8 @@ targets=(
   "FuzzProxyRequest ./runtime/network/egress"
   "FuzzParseClientHello ./runtime/network/egress"
   "FuzzRender ./approval"
+  "FuzzDescribeFrame ./approval"
+  "FuzzIDScanner ./server"
 )
 for t in "${targets[@]}"; do
   read -r name pkg <<<"$t"

@@ -36,9 +36,14 @@ func New(version string, h *tools.Handlers) *server.MCPServer {
 
 // ServeStdio serves s on in/out until in closes or ctx ends. Every call is
 // attributed to caller: a stdio server has exactly one client, the process
-// that started it.
-func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, caller tools.Caller, workers int, logger *slog.Logger) error {
+// that started it. A message longer than maxMessage bytes is refused with a
+// JSON-RPC error without being held in memory, and the next one is read.
+func ServeStdio(ctx context.Context, s *server.MCPServer, in io.Reader, out io.Writer, caller tools.Caller, workers, maxMessage int, logger *slog.Logger) error {
 	stdio := server.NewStdioServer(s)
+	// One lock for every write to out: responses, requests to the client
+	// (mcp-go writes those without its own lock) and the limiter's refusals.
+	out = &lockedWriter{w: out}
+	in = newLineLimiter(in, maxMessage, out)
 	// Calls are served by a fixed set of workers: enough for every sandbox
 	// and queued call, with room for list_runs and cancel_run besides.
 	server.WithWorkerPoolSize(workers)(stdio)

@@ -718,3 +718,79 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A request waiting for the console, or for an elicitation/create answer,
+// can be decided only there: the requesting client that presents its id
+// back with an "accept" in a retry is refused, by either protocol
+// generation, and nothing runs. (Issue 14.1: the retry used to approve.)
+func TestRetryCannotDecideAnotherChannel(t *testing.T) {
+	f := newFixture(t, "always", 10*time.Second)
+	f.h.Gate.SetConsole(true)
+	legacyRetry := func(code, state string) json.RawMessage {
+		msg, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": map[string]any{
+			"name": "run_python", "arguments": map[string]any{"code": code},
+			"requestState": state, "inputResponses": accept(),
+		}})
+		return msg
+	}
+	for _, tc := range []struct {
+		name  string
+		retry func(code, state string) json.RawMessage
+	}{
+		{"2026-07-28 retry", func(code, state string) json.RawMessage {
+			return modernCall(t, map[string]any{"code": code}, state, accept())
+		}},
+		{"2025-11-25 retry", legacyRetry},
+	} {
+		t.Run("console request, "+tc.name, func(t *testing.T) {
+			code := "print('self-approved " + tc.name + "')"
+			done := make(chan *mcp.CallToolResult, 1)
+			go func() {
+				msg, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{"name": "run_python", "arguments": map[string]any{"code": code}}})
+				done <- raw(t, f, "mallory", msg)
+			}()
+			var pend []*approval.Pending
+			waitFor(t, func() bool { pend = f.h.Gate.Pending(); return len(pend) == 1 })
+			id := pend[0].ID
+			res := raw(t, f, "mallory", tc.retry(code, id))
+			if !res.IsError || !strings.Contains(resText(res), "no approval request with that id is waiting for this client") {
+				t.Errorf("self-approval retry answered %q, want a refusal", resText(res))
+			}
+			if f.rt.count() != 0 {
+				t.Fatalf("the retry ran code: %d runs", f.rt.count())
+			}
+			if _, decided := pend[0].Decided(); decided {
+				t.Fatal("the retry decided the console's request")
+			}
+			// The console still decides it.
+			if err := f.h.Gate.DecideConsole(id, false, "console:carol"); err != nil {
+				t.Fatal(err)
+			}
+			if r := <-done; !r.IsError || f.rt.count() != 0 {
+				t.Errorf("denied call: %q runs=%d", resText(r), f.rt.count())
+			}
+		})
+	}
+	t.Run("elicitation/create request", func(t *testing.T) {
+		// An old-protocol client that can elicit is asked through
+		// elicitation/create; its retry must not answer in its place.
+		a := &answer{block: true}
+		c := inProcess(t, f, a, mcp.ProtocolVersion20251125)
+		var pend []*approval.Pending
+		go func() {
+			var req mcp.CallToolRequest
+			req.Params.Name = "run_python"
+			req.Params.Arguments = map[string]any{"code": "print('elicited')"}
+			_, _ = c.CallTool(t.Context(), req)
+		}()
+		waitFor(t, func() bool { pend = f.h.Gate.Ledger().List(""); return len(pend) == 1 })
+		p := pend[0]
+		res := raw(t, f, p.Request.Client, legacyRetry("print('elicited')", p.ID))
+		if !res.IsError || f.rt.count() != 0 {
+			t.Errorf("retry of an elicitation/create request: %q runs=%d", resText(res), f.rt.count())
+		}
+		if _, decided := p.Decided(); decided {
+			t.Fatal("the retry decided an elicitation/create request")
+		}
+	})
+}

@@ -85,7 +85,7 @@ func clientElicitation(ctx context.Context) (can, modern bool) {
 // retry comes before the request expires, the expiry is recorded then.
 func (c *call) askRoundTrip(areq approval.Request, info approval.Info) *mcp.CallToolResult {
 	g := c.h.Gate
-	info.Channel = approval.ChannelElicitation
+	info.Channel, info.RoundTrip = approval.ChannelElicitation, true
 	p := g.Open(areq, info)
 	rec := c.rec
 	rec.Channel, rec.ApprovalID, rec.Decision, rec.Outcome = approval.ChannelElicitation, p.ID, approval.DecisionExpired, approval.OutcomeNotApproved
@@ -129,7 +129,7 @@ func (c *call) askElicitation(ctx context.Context, areq approval.Request, info a
 	info.Channel = approval.ChannelElicitation
 	p := g.Open(areq, info)
 	c.rec.Channel = approval.ChannelElicitation
-	c.h.Log.Info("asking the client's user for approval", "approval", p.ID, "tool", c.tool, "client", c.caller.ID, "protocol", "elicitation/create")
+	c.h.Log.Info("asking the client's user for approval", "approval_ref", approval.Ref(p.ID), "tool", c.tool, "client", c.caller.ID, "protocol", "elicitation/create")
 	ectx, cancel := context.WithDeadline(ctx, p.Expires)
 	defer cancel()
 	res, err := c.h.server.RequestElicitation(ectx, mcp.ElicitationRequest{
@@ -145,7 +145,7 @@ func (c *call) askElicitation(ctx context.Context, areq approval.Request, info a
 	case ectx.Err() != nil:
 		// Expired: Wait reports it.
 	default:
-		c.h.Log.Warn("elicitation failed", "approval", p.ID, "err", err)
+		c.h.Log.Warn("elicitation failed", "approval_ref", approval.Ref(p.ID), "err", err)
 		g.Ledger().Refuse(p, "the client could not ask its user: "+err.Error())
 	}
 	return c.settle(ctx, p, derr)
@@ -156,7 +156,9 @@ func (c *call) askConsole(ctx context.Context, areq approval.Request, info appro
 	info.Channel = approval.ChannelConsole
 	p := c.h.Gate.Open(areq, info)
 	c.rec.Channel, c.console = approval.ChannelConsole, true
-	c.h.Log.Info("waiting for approval on the console", "approval", p.ID, "tool", c.tool, "client", c.caller.ID, "expires", p.Expires)
+	// Only a reference: a stdio client reads this log, and the console's
+	// approver, not the client, decides.
+	c.h.Log.Info("waiting for approval on the console", "approval_ref", approval.Ref(p.ID), "tool", c.tool, "client", c.caller.ID, "expires", p.Expires)
 	return c.settle(ctx, p, nil)
 }
 
@@ -175,7 +177,7 @@ func (c *call) settle(ctx context.Context, p *approval.Pending, decideErr error)
 		return c.fail(approval.OutcomeNotApproved, mcp.NewToolResultError(approval.Explain(d, err)))
 	}
 	c.rec.Decision, c.rec.Approver = approval.DecisionName(d), d.Approver
-	c.h.Log.Info("approval decided", "approval", p.ID, "decision", c.rec.Decision, "approver", d.Approver, "reason", d.Reason)
+	c.h.Log.Info("approval decided", "approval_ref", approval.Ref(p.ID), "decision", c.rec.Decision, "approver", d.Approver, "reason", d.Reason)
 	if !d.Approved {
 		return c.fail(approval.OutcomeNotApproved, mcp.NewToolResultError(approval.Explain(d, decideErr)))
 	}

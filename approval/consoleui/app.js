@@ -54,7 +54,11 @@ function renderRequest(p) {
     w.hidden = false;
     w.textContent = '⚠ Made visible: ' + p.warnings.join('; ');
   }
-  $('pre.code', el).textContent = p.code;
+  // Numbered: every line of code starts with its number, so nothing in
+  // the code can pass for the end of the code or for the page's own text.
+  $('pre.code', el).textContent = p.numbered;
+  // What is approved, stated again where the approver decides.
+  $('.decide-summary', el).textContent = 'exactly ' + p.lines + ' lines, ' + p.code_bytes + ' bytes, sha256 ' + p.code_sha256.slice(0, 16) + '…';
   const decide = async (verdict) => {
     for (const b of el.querySelectorAll('button')) b.disabled = true;
     try {

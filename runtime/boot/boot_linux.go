@@ -31,10 +31,14 @@ import (
 type Stack struct {
 	Config   config.Config
 	Instance *instance.Instance
-	Daemon   *daemon.Daemon // nil when an external containerd is used
-	Client   *containerd.Client
-	Manager  *runtime.ContainerdManager
-	Shim     string
+	// Deployment is the id of this state_dir's deployment: it labels every
+	// sandbox and scopes every sweep.
+	Deployment string
+	hold       *instance.Hold
+	Daemon     *daemon.Daemon // nil when an external containerd is used
+	Client     *containerd.Client
+	Manager    *runtime.ContainerdManager
+	Shim       string
 	// Egress is the operator's policy when this instance offers networked
 	// runs, else nil.
 	Egress  *egress.Policy
@@ -69,6 +73,12 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return s, fmt.Errorf("create state_dir: %w", err)
 	}
+	if s.Deployment, err = instance.DeploymentID(cfg.StateDir); err != nil {
+		return s, err
+	}
+	// Released last, after the last instance out removed what the
+	// deployment shares: until then no other deployment may take it.
+	s.closers = append(s.closers, func(context.Context) { _ = s.hold.Close() })
 	inst, err := instance.Register(cfg.StateDir)
 	if err != nil {
 		return s, err
@@ -98,6 +108,13 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 			}
 		})
 	}
+	res := instance.Resources{StateDir: cfg.StateDir, Containerd: addr, Namespace: cfg.Containerd.Namespace, PID: os.Getpid()}
+	if cfg.NetworkOffered() {
+		res.Bridge, res.Subnet, res.Table = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.Table
+	}
+	if s.hold, err = instance.Claim(ctx, instance.DefaultRegistry, s.Deployment, res); err != nil {
+		return s, fmt.Errorf("another airlock deployment on this host: %w", err)
+	}
 	client, err := containerd.New(addr, containerd.WithDefaultNamespace(cfg.Containerd.Namespace), containerd.WithTimeout(10*time.Second))
 	if err != nil {
 		return s, fmt.Errorf("connect to containerd at %s: %w", addr, err)
@@ -113,9 +130,13 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		what string
 		run  func() (int, error)
 	}{
-		{"orphaned sandboxes", func() (int, error) { return runtime.RemoveSandboxes(nctx, client, ns, s.deadInstance) }},
-		{"orphaned sandbox processes", func() (int, error) { return runtime.RemoveOrphanSandboxProcesses(ctx, client, ns) }},
-		{"stale sandbox cgroups", func() (int, error) { return runtime.RemoveStaleCgroups(ctx, client, ns) }},
+		{"orphaned sandboxes", func() (int, error) {
+			return runtime.RemoveSandboxes(nctx, client, ns, s.Deployment, s.deadInstance)
+		}},
+		{"orphaned sandbox processes", func() (int, error) {
+			return runtime.RemoveOrphanSandboxProcesses(ctx, client, ns, s.Deployment)
+		}},
+		{"stale sandbox cgroups", func() (int, error) { return runtime.RemoveStaleCgroups(ctx, client, ns, s.Deployment) }},
 	} {
 		if n, err := sweep.run(); err != nil {
 			log.Warn("remove "+sweep.what, "err", err)
@@ -202,25 +223,26 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (runtime.
 	}
 	runsc, _ = filepath.Abs(runsc)
 	return runtime.Options{
-		Client:      s.Client,
-		Namespace:   cfg.Containerd.Namespace,
-		Image:       img,
-		Runsc:       runsc,
-		RunscFlags:  cfg.Runtime.RunscFlags,
-		InstanceID:  s.Instance.ID,
-		StateDir:    cfg.StateDir,
-		UID:         uint32(cfg.Sandbox.UID),
-		GID:         uint32(cfg.Sandbox.GID),
-		Env:         cfg.Sandbox.Env,
-		Concurrency: cfg.Limits.Concurrency,
-		Queue:       cfg.Limits.Queue,
-		QueueWait:   cfg.Limits.QueueWait(),
-		PoolSize:    cfg.Pool.Size,
-		PoolLimits:  RunLimits(cfg.Limits, 0),
-		PoolMaxIdle: cfg.Pool.MaxIdleAge,
-		PoolPreload: cfg.Pool.Preload,
-		Breaker:     runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
-		Log:         log,
+		Client:       s.Client,
+		Namespace:    cfg.Containerd.Namespace,
+		Image:        img,
+		Runsc:        runsc,
+		RunscFlags:   cfg.Runtime.RunscFlags,
+		InstanceID:   s.Instance.ID,
+		DeploymentID: s.Deployment,
+		StateDir:     cfg.StateDir,
+		UID:          uint32(cfg.Sandbox.UID),
+		GID:          uint32(cfg.Sandbox.GID),
+		Env:          cfg.Sandbox.Env,
+		Concurrency:  cfg.Limits.Concurrency,
+		Queue:        cfg.Limits.Queue,
+		QueueWait:    cfg.Limits.QueueWait(),
+		PoolSize:     cfg.Pool.Size,
+		PoolLimits:   RunLimits(cfg.Limits, 0),
+		PoolMaxIdle:  cfg.Pool.MaxIdleAge,
+		PoolPreload:  cfg.Pool.Preload,
+		Breaker:      runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
+		Log:          log,
 	}, nil
 }
 

@@ -148,7 +148,7 @@ func NetworkConfig(cfg config.Config, instanceID string) (network.Config, error)
 		return network.Config{}, fmt.Errorf("network.subnet: %w", err)
 	}
 	return network.Config{
-		Bridge: cfg.Network.Bridge, Subnet: subnet, ProxyPort: cfg.Network.ProxyPort,
+		Bridge: cfg.Network.Bridge, Subnet: subnet, Table: cfg.Network.Table, ProxyPort: cfg.Network.ProxyPort,
 		StateDir: cfg.StateDir, InstanceID: instanceID,
 	}, nil
 }

@@ -82,6 +82,14 @@ def _airlock_serve():
             os._exit(0)
         cmd = json.loads(line)
         once = cmd.get("mode") == "once"
+        # The driver killed whatever the last cell started; collect the
+        # ones that were this process's children, so they do not count
+        # against the process limit.
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
         if main is None or once:
             main = types.ModuleType("__main__")
             main.__builtins__ = builtins

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -106,6 +107,13 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if err := reserveMainProcess(); err != nil {
 		fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
+		return 2
+	}
+	// Orphans of the code come to the driver, not to whatever is above it:
+	// as the sandbox's init it gets them anyway; run elsewhere (its tests)
+	// this keeps "every process the call started" within its reach.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintf(stderr, "airlock-driver: become the subreaper: %v\n", err)
 		return 2
 	}
 	var err error
@@ -694,9 +702,12 @@ func (d *driver) relay(c *child, w *worker, session bool) relayed {
 				}
 			case fd == waitFd:
 				d.mark("exited")
-				if session && w == nil {
-					_ = unix.Kill(-c.pid, unix.SIGKILL) // what the script left running
-				} else if !session {
+				if session {
+					// What the script left running, wherever it went: it
+					// may hold the output pipes open, and would outlive
+					// the call.
+					d.endCall()
+				} else {
 					killAll(c.pid)
 				}
 				reapExited()
@@ -775,6 +786,87 @@ func killAll(pid int) {
 	_ = unix.Kill(-pid, unix.SIGKILL)
 }
 
+// endCall kills every process a session's call left, however it got
+// away (setsid, a double fork, a new process group, SIGTERM ignored), and
+// keeps only the driver and the session's Python interpreter, whose own
+// children go too. Killed processes cannot fork, so a few rounds catch
+// what was forked between a scan and its kill; RLIMIT_NPROC bounds how
+// many there can be.
+func (d *driver) endCall() {
+	self := os.Getpid()
+	keep := map[int]bool{self: true}
+	if d.worker != nil {
+		keep[d.worker.pid] = true
+	}
+	for round := 0; round < 100; round++ {
+		left := descendants(self, keep)
+		if len(left) == 0 {
+			break
+		}
+		for _, pid := range left {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		reapExited()
+		if round > 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// The interpreter's killed children stay zombies until it waits for
+	// them: it does at the start of its next cell (bootstrap.go).
+}
+
+// descendants lists the live processes below root (a subreaper, so every
+// orphan of its tree is its child), skipping the subtrees' members in
+// keep but not their children, and zombies, which are already dead.
+func descendants(root int, keep map[int]bool) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		ppid, state, ok := procStat(pid)
+		if !ok || state == 'Z' || state == 'X' {
+			continue
+		}
+		children[ppid] = append(children[ppid], pid)
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, c := range children[p] {
+			queue = append(queue, c)
+			if !keep[c] {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// procStat reads a process's parent and state from /proc/PID/stat. The
+// command name may hold spaces and parentheses: fields start after the
+// last ')'.
+func procStat(pid int) (ppid int, state byte, ok bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, 0, false
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+4 >= len(b) {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 || len(f[0]) != 1 {
+		return 0, 0, false
+	}
+	ppid, err = strconv.Atoi(f[1])
+	return ppid, f[0][0], err == nil
+}
+
 // reapExited collects every exited child (orphans come to init), waiting
 // at most a second for ones still dying.
 func reapExited() {
@@ -829,6 +921,9 @@ func (d *driver) session(in *Reader) {
 			}
 			d.t0, d.trace, d.timings = time.Now(), w.Trace, nil
 			rich, exit := d.runWork(w, true)
+			// Before the answer: when the call returns, what it started
+			// is gone, whatever it did to its session or group.
+			d.endCall()
 			if rich != nil {
 				_ = d.out.writeJSON(FrameResult, rich)
 			}

@@ -7,6 +7,7 @@ package driver
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -319,5 +320,85 @@ os.write(4, b'{"exit": 0, "display": "' + b'A' * 5000 + b'", "images": ["bm90IGE
 	r := p.collect()
 	if r.rich == nil || len(r.rich.Display) > 1100 || !strings.Contains(r.rich.Display, "truncated") || len(r.rich.Images) != 0 || r.rich.ImagesSkipped != 1 || len(r.rich.Files) != 0 {
 		t.Fatalf("forged report came through as %+v", r.rich)
+	}
+}
+
+// markedProcesses lists the processes on this host whose command line
+// holds mark.
+func markedProcesses(mark string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(b), mark) {
+			continue
+		}
+		if _, st, ok := procStat(atoi(e.Name())); ok && st != 'Z' {
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
+
+func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// At the end of every session call, every process the call started is
+// gone, however it tried to get away, while the session's interpreter and
+// its state stay. (Issue 14.3: they used to outlive the call, a timed-out
+// one included.)
+func TestSessionCallLeavesNoProcess(t *testing.T) {
+	p := startDriver(t, "--preload", "--preload-modules=")
+	p.send(FrameSession, struct{}{})
+	cell := func(lang, code string) result {
+		t.Helper()
+		p.send(FrameWork, Work{Lang: lang, Code: code})
+		return p.collect()
+	}
+	if r := cell("python", "kept = 'state'"); r.exit.Code != 0 {
+		t.Fatalf("first cell: %+v", r)
+	}
+	n := 0
+	mark := func() string { n++; return fmt.Sprintf("30%02d.%d", n, time.Now().UnixNano()%1000000) }
+	for _, tc := range []struct{ name, lang, code string }{
+		{"setsid", "shell", "setsid sleep %s &\necho started"},
+		{"double fork", "shell", "( (sleep %s &) & )\necho started"},
+		{"nohup", "shell", "nohup sleep %s >/dev/null 2>&1 &\necho started"},
+		{"ignores SIGTERM", "shell", "bash -c 'trap \"\" TERM HUP INT; exec sleep %s' &\necho started"},
+		{"own process group", "shell", "python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(float(\"%s\"))' &\necho started"},
+		{"own process group with a child", "shell", "python3 -c 'import os, subprocess; os.setpgid(0, 0); subprocess.Popen([\"sleep\", \"%s\"]).wait()' &\nsleep 0.3; echo started"},
+		{"start_new_session", "python", "import subprocess\nsubprocess.Popen(['sleep', '%s'], start_new_session=True)\nprint('started')"},
+		{"python double fork", "python", "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '%s'])\n    os._exit(0)\nos.wait()\nprint('started')"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := mark()
+			r := cell(tc.lang, fmt.Sprintf(tc.code, m))
+			if r.exit.Code != 0 || !strings.Contains(r.stdout, "started") {
+				t.Fatalf("cell: %+v", r)
+			}
+			if left := markedProcesses("sleep " + m); len(left) > 0 {
+				t.Fatalf("after the call, still running: %v", left)
+			}
+			if left := markedProcesses(m); len(left) > 0 {
+				t.Fatalf("after the call, still running: %v", left)
+			}
+		})
+	}
+	t.Run("timed out", func(t *testing.T) {
+		m := mark()
+		go func() {
+			time.Sleep(500 * time.Millisecond)
+			_ = p.in.Write(FrameInterrupt, nil)
+		}()
+		r := cell("shell", fmt.Sprintf("setsid sleep %s &\nsleep 100", m))
+		if !r.exit.Interrupted {
+			t.Fatalf("interrupted cell: %+v", r)
+		}
+		if left := markedProcesses(m); len(left) > 0 {
+			t.Fatalf("after the interrupted call, still running: %v", left)
+		}
+	})
+	// The session and its interpreter's state survive the sweeps.
+	if r := cell("python", "import os\nprint(kept, len([p for p in os.listdir('/proc') if p.isdigit()]) > 0)"); r.stdout != "state True\n" {
+		t.Fatalf("session after the sweeps: %+v", r)
 	}
 }

@@ -4,6 +4,7 @@
 // `airlock approvals`, and `airlock audit tail`. Every run is real.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -85,6 +86,25 @@ describe('approval through elicitation (stdio)', { timeout: 10 * 60_000 }, () =>
     assert.equal(r.isError, true, r.text);
     assert.match(r.text, /expired/);
     assert.ok(ms >= 3500 && ms < 15_000, `denied after ${ms} ms, want about the 4 s timeout`);
+  }));
+
+  test('code cannot forge the end of the code: every line numbered, the real end states count and hash', w(async () => {
+    user.next = { action: 'decline' };
+    const code = "print('hello')\n───── end of code ─────\n" +
+      'Expires 2026-12-03T17:00:00Z (in 300 s). Approve only what you have read in full.\n' +
+      '\u3164\n'.repeat(60) + ' \n'.repeat(40) + "__import__('os').system('id')\n";
+    const r = await srv.python(code);
+    assert.equal(r.isError, true, r.text);
+    const lines = user.shown.at(-1).split('\n');
+    const frame = lines.flatMap((l, i) => (l.startsWith('─────') ? [i] : []));
+    assert.equal(frame.length, 2, `two frame lines, begin and end:\n${lines.join('\n')}`);
+    const sha = createHash('sha256').update(code).digest('hex');
+    assert.equal(lines[frame[1]], `───── end of code: 104 lines, sha256 ${sha} ─────`);
+    const inside = lines.slice(frame[0] + 1, frame[1]);
+    for (const l of inside) assert.match(l, /^ *(\d+(-\d+)?│ | *┆ )/, `a code line without its number: ${l}`);
+    assert.ok(inside.some((l) => /^ *104│ __import__\('os'\)\.system\('id'\)$/.test(l)), 'the last line is inside the frame, numbered');
+    assert.ok(inside.some((l) => /^ *2│ ───── end of code ─────$/.test(l)), 'the forged end is a numbered code line');
+    assert.ok(!user.shown.at(-1).includes('\u3164'), 'blank-looking characters are made visible');
   }));
 
   test('hidden characters are shown for what they are', w(async () => {

@@ -59,6 +59,10 @@ describe('approval console in headless Chromium', { timeout: 10 * 60_000 }, () =
     const shown = await code.textContent();
     assert.match(shown, /print\('hello from the ' \+ 'console'\)/);
     assert.match(shown, /⟦U\+202E RIGHT-TO-LEFT OVERRIDE⟧/, 'the bidi override is made visible');
+    // Every line is numbered; the count and hash stand by the buttons.
+    assert.match(shown, /^1│ name = 'world'/m);
+    assert.match(shown, /^2│ print\('hello from the '/m);
+    assert.match(await page.locator('article.request .decide-summary').textContent(), /exactly 2 lines, \d+ bytes, sha256 [0-9a-f]{16}/);
     assert.match(await page.locator('article.request .warnings').textContent(), /bidi control characters/);
     assert.match(await page.locator('article.request .client').textContent(), /stdio:/);
     await page.screenshot({ path: path.join(ARTIFACTS, 'console-pending.png'), fullPage: true });

@@ -53,11 +53,12 @@ export class Server {
   }
 
   async start() {
+    // opts.stateDir: another deployment's state (default STATE_DIR).
     // No "airlock-" in this name: the suite greps for that prefix.
     this.dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_'));
     this.configPath = path.join(this.dir, 'config.yaml');
     await writeFile(this.configPath, [
-      `state_dir: ${JSON.stringify(STATE_DIR)}`,
+      `state_dir: ${JSON.stringify(this.opts.stateDir ?? STATE_DIR)}`,
       'log: {level: info}',
       `limits: {workspace_mb: ${LIMITS.workspace_mb}, tmp_mb: ${LIMITS.tmp_mb}, memory_mb: ${LIMITS.memory_mb}, stdout_bytes: ${LIMITS.stdout_bytes}}`,
       ...this.extraConfig,
@@ -97,7 +98,7 @@ export class Server {
       }
       this.child.once('exit', (code, signal) => resolve({ code, signal }));
     });
-    this.instanceId = await findInstanceId(this.pid);
+    this.instanceId = await findInstanceId(this.pid, this.opts.stateDir);
     return this;
   }
 
@@ -221,8 +222,8 @@ export async function auditRecords(file) {
 }
 
 /** Finds the instance whose lock file under state_dir/instances holds pid. */
-async function findInstanceId(pid) {
-  const dir = path.join(STATE_DIR, 'instances');
+async function findInstanceId(pid, stateDir = STATE_DIR) {
+  const dir = path.join(stateDir, 'instances');
   let names = [];
   try {
     names = await readdir(dir);
@@ -528,4 +529,90 @@ export function parseMetrics(text) {
     out.set(line.slice(0, i), Number(line.slice(i + 1)));
   }
   return out;
+}
+
+/**
+ * A stdio airlock spoken to in raw JSON-RPC lines, for what an SDK would
+ * not send: a retry carrying someone else's approval, a 100 MB message.
+ */
+export class RawStdio {
+  constructor(label, extraConfig = []) {
+    this.label = label;
+    this.extraConfig = extraConfig;
+    this.stderr = '';
+    this.pending = new Map();
+    this.nextId = 1;
+    this.buf = '';
+  }
+
+  async start() {
+    const { spawn } = await import('node:child_process');
+    this.dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_raw_'));
+    this.configPath = path.join(this.dir, 'config.yaml');
+    await writeFile(this.configPath, [`state_dir: ${JSON.stringify(STATE_DIR)}`, 'log: {level: info}', ...this.extraConfig, ''].join('\n'));
+    this.proc = spawn(AIRLOCK_BIN, ['serve', '--transport', 'stdio', '--config', this.configPath], { stdio: ['pipe', 'pipe', 'pipe'] });
+    this.exited = new Promise((resolve) => this.proc.once('exit', (code, signal) => resolve({ code, signal })));
+    this.proc.stderr.on('data', (c) => {
+      if (VERBOSE) process.stderr.write(`[${this.label}] ${c}`);
+      this.stderr += c.toString();
+      if (this.stderr.length > STDERR_KEEP) this.stderr = this.stderr.slice(-STDERR_KEEP);
+    });
+    this.proc.stdout.on('data', (c) => {
+      this.buf += c.toString();
+      let i;
+      while ((i = this.buf.indexOf('\n')) >= 0) {
+        const line = this.buf.slice(0, i);
+        this.buf = this.buf.slice(i + 1);
+        if (!line.trim()) continue;
+        const msg = JSON.parse(line);
+        const waiter = this.pending.get(JSON.stringify(msg.id ?? null));
+        if (waiter) {
+          this.pending.delete(JSON.stringify(msg.id ?? null));
+          waiter(msg);
+        }
+      }
+    });
+    const init = await this.request('initialize', {
+      protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'airlock-e2e-raw', version: '0' },
+    }, { timeoutMs: BOOT_TIMEOUT_MS });
+    if (init.error) throw new Error(`initialize: ${JSON.stringify(init.error)}`);
+    this.notify('notifications/initialized', {});
+    return this;
+  }
+
+  /** Resolves to the response carrying id (the next id when not given). */
+  response(id, timeoutMs = 120_000) {
+    return new Promise((resolve, reject) => {
+      const t = setTimeout(() => reject(this.annotate(new Error(`no response to id ${id} in ${timeoutMs} ms`))), timeoutMs);
+      this.pending.set(JSON.stringify(id), (m) => { clearTimeout(t); resolve(m); });
+    });
+  }
+
+  request(method, params, { id = this.nextId++, timeoutMs } = {}) {
+    const p = this.response(id, timeoutMs);
+    this.proc.stdin.write(JSON.stringify({ jsonrpc: '2.0', id, method, params }) + '\n');
+    return p;
+  }
+
+  notify(method, params) {
+    this.proc.stdin.write(JSON.stringify({ jsonrpc: '2.0', method, params }) + '\n');
+  }
+
+  /** Writes raw bytes, waiting for the pipe to drain. */
+  async write(data) {
+    if (!this.proc.stdin.write(data)) await new Promise((r) => this.proc.stdin.once('drain', r));
+  }
+
+  annotate(err) {
+    err.message += `\n----- ${this.label} stderr (tail) -----\n${this.stderr.slice(-4000)}`;
+    return err;
+  }
+
+  async close() {
+    this.proc?.stdin.end();
+    const t = setTimeout(() => this.proc?.kill('SIGKILL'), 20_000);
+    await this.exited;
+    clearTimeout(t);
+    if (this.dir) await rm(this.dir, { recursive: true, force: true });
+  }
 }

@@ -115,6 +115,37 @@ describe('networked runs over MCP', { timeout: 5 * 60_000 }, () => {
     await srv.call('session_close', { session_id: offline.sc.session_id });
   });
 
+  test('a CONNECT tunnel to an allowed name on a plain-HTTP port cannot carry another Host', async () => {
+    // What curl --connect-to does, by hand: CONNECT allowed.test:80, then
+    // a request for denied.test inside the tunnel.
+    const code = [
+      'import os, socket, urllib.parse',
+      'u = urllib.parse.urlparse(os.environ["HTTP_PROXY"])',
+      's = socket.create_connection((u.hostname, u.port), timeout=10)',
+      's.sendall(b"CONNECT allowed.test:80 HTTP/1.1\\r\\nHost: allowed.test:80\\r\\n\\r\\n")',
+      'print(s.recv(4096).split(b"\\r\\n")[0].decode())',
+      's.sendall(b"GET /hello.txt HTTP/1.1\\r\\nHost: denied.test\\r\\nConnection: close\\r\\n\\r\\n")',
+      'got = b""',
+      'while True:',
+      '    try:',
+      '        b = s.recv(4096)',
+      '    except OSError:',
+      '        break',
+      '    if not b:',
+      '        break',
+      '    got += b',
+      'print("inside:", got.decode(errors="replace") or "(closed)")',
+    ].join('\n');
+    const r = await srv.python(code, { network: 'allowlist' });
+    assert.match(r.sc.stdout, /^HTTP\/1\.1 200/m, r.text);
+    assert.match(r.sc.stdout, /inside: \(closed\)/, 'the tunnel closed instead of carrying plain HTTP');
+    assert.doesNotMatch(r.sc.stdout, /hello over mcp/);
+    assert.deepEqual(r.sc.egress_denied, [{ host: 'allowed.test', port: 80, reason: 'SNI mismatch' }]);
+    // Plain HTTP still works the proxy's way, with the Host it sets.
+    const ok = await srv.shell('curl -sS --max-time 10 http://allowed.test/hello.txt', { network: 'allowlist' });
+    assert.equal(ok.sc.stdout, 'hello over mcp\n', ok.text);
+  });
+
   test('without network the same call has no network', async () => {
     const r = await srv.shell('curl -sS --max-time 5 http://allowed.test/hello.txt');
     assert.equal(r.isError, true);

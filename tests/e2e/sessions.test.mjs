@@ -229,6 +229,37 @@ describe('sessions, files and rich results (stdio)', { timeout: 15 * 60_000 }, (
     assert.ok(await waitFor(async () => !(await sandboxExists(id)), 10_000), 'the lost session\'s sandbox is removed');
   }));
 
+  test('a call leaves no process behind, however its processes try to stay (setsid, double fork, nohup, SIGTERM ignored, own group, start_new_session, timeout)', w(async () => {
+    const id = await newSession(srv);
+    assertOK(await srv.python('kept = "state"', { session_id: id }), 'state');
+    // Lists the sandbox's processes running one of the marked sleeps.
+    const marked = 'import os\nfor p in os.listdir("/proc"):\n    try:\n        c = open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode()\n    except (OSError, ValueError):\n        continue\n    if "30" in c and "sleep" in c and "python" not in c:\n        print(p, c)\n';
+    const cases = [
+      ['shell', 'setsid sleep 3041 &\necho started'],
+      ['shell', '( (sleep 3042 &) & )\necho started'],
+      ['shell', 'nohup sleep 3043 >/dev/null 2>&1 &\necho started'],
+      ['shell', "bash -c 'trap \"\" TERM HUP INT; exec sleep 3044' &\necho started"],
+      ['shell', "python3 -c 'import os, subprocess; os.setpgid(0, 0); subprocess.Popen([\"sleep\", \"3045\"]).wait()' &\nsleep 0.3; echo started"],
+      ['python', "import subprocess\nsubprocess.Popen(['sleep', '3046'], start_new_session=True)\nprint('started')"],
+      ['python', "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '3047'])\n    os._exit(0)\nos.wait()\nprint('started')"],
+    ];
+    for (const [lang, code] of cases) {
+      const r = lang === 'shell' ? await srv.shell(code, { session_id: id }) : await srv.python(code, { session_id: id });
+      assertOK(r, code);
+      assert.match(r.sc.stdout, /started/);
+      const left = await srv.python(marked, { session_id: id });
+      assert.equal(left.sc.stdout, '', `after ${JSON.stringify(code)}, still running:\n${left.sc.stdout}`);
+    }
+    const timedOut = await srv.shell('setsid sleep 3048 &\nsleep 100', { session_id: id, timeout_s: 3 });
+    assert.equal(timedOut.sc.timed_out, true, timedOut.text);
+    assert.equal(timedOut.sc.session_ended, undefined, timedOut.text);
+    const left = await srv.python(marked, { session_id: id });
+    assert.equal(left.sc.stdout, '', `after the timed-out call, still running:\n${left.sc.stdout}`);
+    const kept = await srv.python('kept', { session_id: id });
+    assert.equal(kept.sc.display, "'state'", 'the session\'s interpreter and state stay');
+    await srv.call('session_close', { session_id: id });
+  }));
+
   test('out of memory ends the session, and the result says both', w(async () => {
     const id = await newSession(srv);
     const r = await srv.python('b = bytearray(400 << 20)', { session_id: id });

@@ -8,7 +8,7 @@
 // other address is refused with 403. The proxy speaks two request forms,
 // one request per client connection:
 //
-//   - CONNECT host:port, for TLS and other tunnelled protocols;
+//   - CONNECT host:port, for TLS;
 //   - absolute-URI plain HTTP (GET http://host/path), forwarded upstream
 //     without hop-by-hop and Proxy-* headers.
 //
@@ -20,12 +20,15 @@
 // name again, so DNS rebinding cannot change the destination after the
 // check.
 //
-// On CONNECT ports listed in Options.TLSPorts (443 by default) the tunnel
-// must begin with a TLS ClientHello whose SNI equals the CONNECT host; on
-// other ports the same check applies whenever the first byte is a TLS
-// handshake record, and other protocols are spliced as they are. The
-// ClientHello is parsed from the stream without terminating TLS; the bytes
-// read are forwarded before the splice continues.
+// A CONNECT tunnel, on any port, must begin with a TLS ClientHello whose
+// SNI equals the CONNECT host; anything else closes it before a byte
+// reaches upstream. Bytes the proxy cannot read could carry anything to an
+// allowed address: plain HTTP with a Host header naming another site of
+// the same front end, say. Plain HTTP uses the absolute-URI form instead,
+// where the proxy sets Host; protocols that are neither (SSH, SMTP) are
+// not carried. The ClientHello is parsed from the stream without
+// terminating TLS; the bytes read are forwarded before the splice
+// continues.
 //
 // Refusals by policy are recorded per run (Server.Denials) with one of the
 // Reason constants and answered with 403 carrying the reason in the status

@@ -375,9 +375,12 @@ func (s *Server) serveConnect(ss *session, req *http.Request, br *bufio.Reader) 
 // tunnel checks the first client bytes, then splices both ways until
 // either side is done or the tunnel has been idle for IdleTimeout.
 //
-// Upstream-to-client copying starts at once, so server-speaks-first
-// protocols (SSH, SMTP) work on non-TLS ports; nothing reaches upstream
-// from the client until its first bytes have been inspected.
+// Every tunnel, whatever its port, must begin with a TLS ClientHello whose
+// SNI names the CONNECT host; nothing reaches upstream before that. A
+// tunnel of bytes the proxy cannot read would carry anything to an
+// allowed address: plain HTTP with another name in its Host header
+// reaches every site of a shared front end (a CDN, a virtual host). Plain
+// HTTP goes through the absolute-URI form, whose Host the proxy sets.
 func (s *Server) tunnel(ss *session, t target, br *bufio.Reader, up net.Conn) {
 	stop := s.startIdleTimer(ss)
 	defer stop()
@@ -395,37 +398,23 @@ func (s *Server) tunnel(ss *session, t target, br *bufio.Reader, up net.Conn) {
 	defer wg.Wait()
 
 	ss.set(decisionAllow, "", nil)
-	requireTLS := containsInt(s.opts.TLSPorts, t.port)
-	if requireTLS {
-		_ = ss.client.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
-	}
-	first, err := br.Peek(1)
+	_ = ss.client.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
+	peeked, hello, err := readClientHello(br)
 	if err != nil {
-		if requireTLS && !errors.Is(err, io.EOF) {
-			s.deny(ss, t, ReasonSNI, fmt.Errorf("waiting for ClientHello: %w", err))
-		}
+		s.deny(ss, t, ReasonSNI, fmt.Errorf("a CONNECT tunnel must start with a TLS ClientHello (send plain HTTP as GET http://host/...): %w", err))
 		ss.abort()
 		return
 	}
-	if requireTLS || first[0] == recordTypeHandshake {
-		_ = ss.client.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
-		peeked, hello, err := readClientHello(br)
-		if err != nil {
-			s.deny(ss, t, ReasonSNI, err)
-			ss.abort()
-			return
-		}
-		if !sniMatches(hello.serverName, t) {
-			s.deny(ss, t, ReasonSNI, fmt.Errorf("SNI %q, CONNECT host %q", hello.serverName, t.host))
-			ss.abort()
-			return
-		}
-		_ = ss.client.SetReadDeadline(time.Time{})
-		if _, err := up.Write(peeked); err != nil {
-			ss.set(decisionError, "upstream write failed", err)
-			ss.abort()
-			return
-		}
+	if !sniMatches(hello.serverName, t) {
+		s.deny(ss, t, ReasonSNI, fmt.Errorf("SNI %q, CONNECT host %q", hello.serverName, t.host))
+		ss.abort()
+		return
+	}
+	_ = ss.client.SetReadDeadline(time.Time{})
+	if _, err := up.Write(peeked); err != nil {
+		ss.set(decisionError, "upstream write failed", err)
+		ss.abort()
+		return
 	}
 	if _, err := io.Copy(up, br); err != nil {
 		ss.abort()
@@ -640,15 +629,6 @@ func parsePort(s string) (int, bool) {
 		return 0, false
 	}
 	return n, true
-}
-
-func containsInt(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 // meteredConn counts bytes and marks activity for the idle timer.

@@ -425,3 +425,41 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Seen-Headers", string(hdr))
 	fmt.Fprintf(w, "%s %s body=%q", r.Method, r.URL.Path, body)
 }
+
+// newTLSEcho starts a TLS echo server on 127.0.0.1 with the test cert.
+func newTLSEcho(t *testing.T) string {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{getCert(t).tls}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// tlsTunnel CONNECTs from src to allowed.test at addr's port and shakes
+// hands through the tunnel.
+func (h *harness) tlsTunnel(t *testing.T, src, addr string) net.Conn {
+	t.Helper()
+	tun, resp := h.connect(src, "allowed.test:"+strconv.Itoa(port(t, addr)))
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %s", resp.Status)
+	}
+	c := tls.Client(tun, &tls.Config{ServerName: "allowed.test", RootCAs: getCert(t).roots})
+	if err := c.Handshake(); err != nil {
+		t.Fatalf("handshake through the tunnel: %v", err)
+	}
+	return c
+}

@@ -10,7 +10,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -44,14 +43,11 @@ func TestDefaults(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if !slices.Equal(o.TLSPorts, []int{443}) {
-		t.Errorf("TLSPorts = %v", o.TLSPorts)
-	}
 	if o.Resolver != Resolver(net.DefaultResolver) || o.Dialer == nil || o.Logger == nil {
 		t.Error("Resolver, Dialer and Logger must default")
 	}
 	for _, bad := range []Options{
-		{MaxConnsPerRun: -1}, {IdleTimeout: -time.Second}, {TLSPorts: []int{0}},
+		{MaxConnsPerRun: -1}, {IdleTimeout: -time.Second},
 		{AllowedPrivate: []netip.Prefix{{}}},
 		{Hosts: map[string][]netip.Addr{"bad name": {netip.MustParseAddr("127.0.0.1")}}},
 		{Hosts: map[string][]netip.Addr{"ok.test": {{}}}},
@@ -198,13 +194,10 @@ func TestHelloTimeout(t *testing.T) {
 }
 
 func TestIdleTimeout(t *testing.T) {
-	echo := newCountingListener(t, true)
+	echo := newTLSEcho(t)
 	h := newHarness(t, Options{IdleTimeout: 300 * time.Millisecond})
-	h.register(src, "run1", []string{"allowed.test"}, []int{port(t, echo.addr())}, nil)
-	tun, resp := h.connect(src, "allowed.test:"+strconv.Itoa(port(t, echo.addr())))
-	if resp.StatusCode != 200 {
-		t.Fatalf("CONNECT: %s", resp.Status)
-	}
+	h.register(src, "run1", []string{"allowed.test"}, []int{port(t, echo)}, nil)
+	tun := h.tlsTunnel(t, src, echo)
 	// Traffic every 100 ms keeps the tunnel open well past the timeout.
 	buf := make([]byte, 1)
 	for range 8 {

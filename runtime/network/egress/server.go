@@ -63,11 +63,6 @@ type Options struct {
 	// admits a name or CIDR pointing there. Metadata addresses and
 	// IPv4-mapped addresses stay refused regardless. Default empty.
 	AllowedPrivate []netip.Prefix
-	// TLSPorts are the CONNECT ports on which the tunnel must start with a
-	// TLS ClientHello whose SNI equals the CONNECT host. Default {443}. On
-	// other ports the SNI check still applies when the client's first byte
-	// is a TLS handshake record; other protocols are spliced unchecked.
-	TLSPorts []int
 	// MaxConnsPerRun caps the connections one run may have open at once,
 	// counted from accept, so a sandbox cannot exhaust the host's file
 	// descriptors. Default DefaultMaxConnsPerRun.
@@ -174,15 +169,6 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	if opts.TLSPorts == nil {
-		opts.TLSPorts = []int{443}
-	}
-	for _, p := range opts.TLSPorts {
-		if p < 1 || p > 65535 {
-			return nil, fmt.Errorf("egress: option TLSPorts: port %d out of range", p)
-		}
-	}
-	opts.TLSPorts = slices.Clone(opts.TLSPorts)
 	priv := make([]netip.Prefix, 0, len(opts.AllowedPrivate))
 	for _, p := range opts.AllowedPrivate {
 		if !p.IsValid() {

@@ -363,27 +363,39 @@ func TestNonTLSOn443(t *testing.T) {
 	}
 }
 
-func TestConnectPlainTCP(t *testing.T) {
-	// Non-TLS protocols on non-TLS ports are spliced as they are.
-	echo := newCountingListener(t, true)
-	h := newHarness(t, Options{})
-	h.register(src, "run1", []string{"allowed.test"}, []int{port(t, echo.addr())}, nil)
-	tun, resp := h.connect(src, "allowed.test:"+strconv.Itoa(port(t, echo.addr())))
-	if resp.StatusCode != 200 {
-		t.Fatalf("CONNECT: %s", resp.Status)
-	}
-	io.WriteString(tun, "ping")
-	buf := make([]byte, 4)
-	if _, err := io.ReadFull(tun, buf); err != nil || string(buf) != "ping" {
-		t.Fatalf("echo through the tunnel: %q %v", buf, err)
-	}
-	tun.(*bufConn).Conn.(*net.TCPConn).CloseWrite()
-	if _, err := tun.Read(buf); err != io.EOF {
-		t.Errorf("after half-close: %v, want EOF passed through", err)
-	}
-	recs := h.waitLogs(1)
-	if recs[0]["bytes_up"].(float64) != 4 || recs[0]["bytes_down"].(float64) != 4 {
-		t.Errorf("log bytes: %v", recs[0])
+// A CONNECT tunnel on a plain-HTTP port carried any Host: CONNECT to an
+// allowed name, then GET with Host: denied.test reached the server behind
+// it (issue 14.4). Now every tunnel must start with a ClientHello naming
+// the CONNECT host, on every port; nothing else reaches upstream, and the
+// absolute-URI form still serves plain HTTP with the Host the proxy sets.
+func TestConnectRefusesNonTLS(t *testing.T) {
+	upstream := newCountingListener(t, true)
+	upPort := port(t, upstream.addr())
+	for _, tc := range []struct{ name, first string }{
+		{"HTTP with a smuggled Host", "GET / HTTP/1.1\r\nHost: denied.test\r\n\r\n"},
+		{"HTTP after blank lines", "\r\n\r\nGET / HTTP/1.1\r\nHost: denied.test\r\n\r\n"},
+		{"SSH banner", "SSH-2.0-OpenSSH_9.6\r\n"},
+		{"one byte", "G"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, Options{})
+			h.register(src, "run1", []string{"allowed.test"}, []int{upPort}, nil)
+			tun, resp := h.connect(src, "allowed.test:"+strconv.Itoa(upPort))
+			if resp.StatusCode != 200 {
+				t.Fatalf("CONNECT: %s", resp.Status)
+			}
+			io.WriteString(tun, tc.first)
+			if n, err := tun.Read(make([]byte, 64)); err == nil {
+				t.Fatalf("tunnel still open after %q (read %d bytes)", tc.first, n)
+			}
+			if got := h.srv.Denials("run1"); !slices.Equal(got, []Denial{{"allowed.test", upPort, ReasonSNI}}) {
+				t.Errorf("Denials = %v", got)
+			}
+			h.waitLogs(1)
+			if n := upstream.bytes.Load(); n != 0 {
+				t.Errorf("upstream received %d bytes of a refused tunnel", n)
+			}
+		})
 	}
 }
 
@@ -655,12 +667,9 @@ func TestSources(t *testing.T) {
 		}
 	})
 	t.Run("unregister", func(t *testing.T) {
-		echo := newCountingListener(t, true)
-		unreg := h.register("127.0.0.4", "run-c", []string{"allowed.test"}, []int{upPort, port(t, echo.addr())}, nil)
-		tun, resp := h.connect("127.0.0.4", "allowed.test:"+strconv.Itoa(port(t, echo.addr())))
-		if resp.StatusCode != 200 {
-			t.Fatalf("CONNECT: %s", resp.Status)
-		}
+		echo := newTLSEcho(t)
+		unreg := h.register("127.0.0.4", "run-c", []string{"allowed.test"}, []int{upPort, port(t, echo)}, nil)
+		tun := h.tlsTunnel(t, "127.0.0.4", echo)
 		io.WriteString(tun, "x")
 		if _, err := io.ReadFull(tun, make([]byte, 1)); err != nil {
 			t.Fatal(err)

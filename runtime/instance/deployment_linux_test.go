@@ -1,0 +1,89 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+)
+
+func TestDeploymentIDStable(t *testing.T) {
+	dir := t.TempDir()
+	a, err := DeploymentID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := DeploymentID(dir)
+	if err != nil || a != b || !deploymentIDRE.MatchString(a) {
+		t.Fatalf("ids %q, %q (%v): want one stable id", a, b, err)
+	}
+	if c, _ := DeploymentID(t.TempDir()); c == a {
+		t.Fatal("two state dirs got the same deployment id")
+	}
+	if err := os.WriteFile(dir+"/"+deploymentFile, []byte("../x\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DeploymentID(dir); err == nil || !strings.Contains(err.Error(), "remove the file") {
+		t.Fatalf("a bad id file: %v", err)
+	}
+}
+
+// A second deployment may share nothing with a live one; a dead one's
+// registration lapses; instances of one deployment share theirs.
+func TestClaim(t *testing.T) {
+	reg := t.TempDir()
+	ctx := context.Background()
+	a := Resources{StateDir: "/var/lib/a", Containerd: "/var/lib/a/containerd/containerd.sock", Namespace: "airlock", Bridge: "br-a", Subnet: "10.89.0.0/24", Table: "airlock", PID: 1}
+	holdA, err := Claim(ctx, reg, "aaaaaaaaaaaa", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := Resources{StateDir: "/var/lib/b", Containerd: "/var/lib/b/containerd/containerd.sock", Namespace: "airlock", Bridge: "br-b", Subnet: "10.90.0.0/24", Table: "airlock_b"}
+	for _, tc := range []struct {
+		name string
+		edit func(*Resources)
+		key  string
+	}{
+		{"same bridge", func(r *Resources) { r.Bridge = "br-a" }, "network.bridge"},
+		{"same table", func(r *Resources) { r.Table = "airlock" }, "network.table"},
+		{"overlapping subnet", func(r *Resources) { r.Subnet = "10.89.0.128/25" }, "network.subnet"},
+		{"same daemon and namespace", func(r *Resources) { r.Containerd = "unix://" + a.Containerd }, "containerd.namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := other
+			tc.edit(&r)
+			h, err := Claim(ctx, reg, "bbbbbbbbbbbb", r)
+			var ce *ClashError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), "/var/lib/a") {
+				_ = h.Close()
+				t.Fatalf("claim: %v, want a clash naming %s and the other state_dir", err, tc.key)
+			}
+		})
+	}
+	// Distinct resources, and a second instance of A: both fine.
+	holdB, err := Claim(ctx, reg, "bbbbbbbbbbbb", other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holdB.Close()
+	holdA2, err := Claim(ctx, reg, "aaaaaaaaaaaa", a)
+	if err != nil {
+		t.Fatalf("a second instance of a deployment: %v", err)
+	}
+	// A is live while either instance holds it; once both are gone its
+	// bridge is free.
+	r := other
+	r.Bridge = "br-a"
+	_ = holdA.Close()
+	if _, err := Claim(ctx, reg, "cccccccccccc", r); err == nil {
+		t.Fatal("A's bridge taken while an instance of A lives")
+	}
+	_ = holdA2.Close()
+	r.Table, r.Subnet, r.Containerd = "airlock_c", "10.91.0.0/24", "/var/lib/c/containerd.sock"
+	if h, err := Claim(ctx, reg, "cccccccccccc", r); err != nil {
+		t.Fatalf("A's bridge after A left: %v", err)
+	} else {
+		_ = h.Close()
+	}
+}
