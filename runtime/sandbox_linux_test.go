@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,7 +28,6 @@ import (
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/boot"
-	"github.com/airlock-mcp/airlock/runtime/instance"
 )
 
 var (
@@ -78,6 +78,10 @@ func need(t *testing.T) *boot.Stack {
 		}
 		t.Skipf("sandbox runtime unavailable: %v", setupErr)
 	}
+	// Every test starts with the sandboxes of earlier tests torn down:
+	// a sandbox holds its admission slot until it is gone, and a test
+	// that finds none free would fail for another test's sake.
+	stack.Manager.WaitTeardowns()
 	return stack
 }
 
@@ -324,7 +328,12 @@ func TestConcurrencyLimit(t *testing.T) {
 	for i := 0; i < lim; i++ {
 		<-started
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Every slot taken: wait for that state, not for a guess of how long.
+	for deadline := time.Now().Add(30 * time.Second); s.Manager.Admission().InUse() < lim; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d slots taken after 30 s", s.Manager.Admission().InUse(), lim)
+		}
+	}
 	t0 := time.Now()
 	_, err := s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Shell, Code: "true", Limits: limits()})
 	if !errors.Is(err, runtime.ErrBusy) {
@@ -334,6 +343,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		t.Errorf("busy answer took %v; it must not wait", time.Since(t0))
 	}
 	wg.Wait()
+	s.Manager.WaitTeardowns()
 }
 
 func TestCancelKillsSandbox(t *testing.T) {
@@ -361,52 +371,62 @@ func TestNoLeaksAfterManyRuns(t *testing.T) {
 	assertNoSandboxes(t, s)
 }
 
+// assertNoSandboxes fails when the test's own instance left a container,
+// snapshot, rootfs mount, network namespace mount or fifo dir. What other
+// airlock processes on this host hold (their pools, their runs) is theirs:
+// only this instance's labels and names are looked at.
 func assertNoSandboxes(t *testing.T, s *boot.Stack) {
 	t.Helper()
 	// Sandboxes are destroyed just after their run answers.
 	s.Manager.WaitTeardowns()
 	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
-	cs, err := s.Client.Containers(ctx)
+	own := fmt.Sprintf("labels.%q==%s", runtime.LabelInstance, s.Instance.ID)
+	cs, err := s.Client.Containers(ctx, own)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another airlock running on this state_dir (a developer's) is no leak.
-	excused := map[string]bool{}
 	for _, c := range cs {
-		labels, _ := c.Labels(ctx)
-		if owner := labels[runtime.LabelInstance]; owner != "" && owner != s.Instance.ID && instance.Alive(s.Config.StateDir, owner) {
-			excused[c.ID()] = true
-			continue
-		}
-		if strings.HasPrefix(c.ID(), "airlock-") {
-			t.Errorf("container %s left behind", c.ID())
-		}
+		t.Errorf("container %s left behind", c.ID())
 	}
 	var snaps []string
-	_ = s.Client.SnapshotService("").Walk(ctx, func(_ context.Context, i snapshots.Info) error {
-		if strings.HasPrefix(i.Name, "airlock-") && !excused[i.Name] {
-			snaps = append(snaps, i.Name)
-		}
+	_ = s.Client.SnapshotService(runtime.Snapshotter).Walk(ctx, func(_ context.Context, i snapshots.Info) error {
+		snaps = append(snaps, i.Name)
 		return nil
-	})
+	}, own)
 	if len(snaps) > 0 {
 		t.Errorf("snapshots left behind: %v", snaps)
 	}
-	// A sandbox's rootfs is mounted at .../airlock-RUN/rootfs, its network
-	// namespace at /run/netns/airlock-INSTANCE-RUN.
-	mounts, _ := os.ReadFile("/proc/mounts")
-	for _, l := range strings.Split(string(mounts), "\n") {
-		if owned := func() bool {
-			for id := range excused {
-				if strings.Contains(l, id) {
-					return true
-				}
+	// A sandbox's rootfs is mounted at .../airlock-RUN/rootfs under this
+	// stack's daemon; a mount there whose container is gone is a leak (one
+	// of a live container belongs to whoever holds it). Its network
+	// namespace is mounted at /run/netns/airlock-INSTANCE-RUN.
+	rootfs := func() map[string]string { // container id -> mount line
+		out := map[string]string{}
+		mounts, _ := os.ReadFile("/proc/mounts")
+		for _, l := range strings.Split(string(mounts), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 2 {
+				continue
 			}
-			return false
-		}(); owned {
-			continue
+			if dir := f[1]; strings.HasPrefix(dir, s.Config.StateDir+"/") && strings.HasSuffix(dir, "/rootfs") {
+				out[path.Base(path.Dir(dir))] = l
+			} else if strings.Contains(dir, "airlock-"+s.Instance.ID) {
+				out[dir] = l // this instance's network namespace
+			}
 		}
-		if (strings.Contains(l, "/airlock-") && strings.Contains(l, "/rootfs")) || strings.Contains(l, "airlock-"+s.Instance.ID) {
+		return out
+	}
+	// Mounts first, containers second: a sandbox has its container before
+	// its rootfs is mounted, so whatever is mounted now is listed below.
+	suspects := rootfs()
+	all, _ := s.Client.Containers(ctx)
+	for _, c := range all {
+		delete(suspects, c.ID())
+	}
+	// Still mounted after the listing: not someone's teardown in flight.
+	now := rootfs()
+	for id, l := range suspects {
+		if _, ok := now[id]; ok && (strings.HasPrefix(id, "airlock-") || strings.HasPrefix(id, "/")) {
 			t.Errorf("mount left behind: %s", l)
 		}
 	}
@@ -424,14 +444,24 @@ func TestOrphansOfDeadInstancesAreRemoved(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := "airlock-orphan-" + runtime.NewRunID()
-	_, err = s.Client.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshotView(id, img),
-		containerd.WithNewSpec(oci.WithImageConfig(img)),
-		containerd.WithContainerLabels(map[string]string{runtime.LabelInstance: "deadbeef0000"}))
-	if err != nil {
-		t.Fatal(err)
+	orphan := func(deployment string) string {
+		t.Helper()
+		id := "airlock-orphan-" + runtime.NewRunID()
+		_, err := s.Client.NewContainer(ctx, id, containerd.WithImage(img), containerd.WithNewSnapshotView(id, img),
+			containerd.WithNewSpec(oci.WithImageConfig(img)),
+			containerd.WithContainerLabels(map[string]string{runtime.LabelInstance: "deadbeef0000", runtime.LabelDeployment: deployment}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = removeContainer(s, id) })
+		return id
 	}
-	// A second instance starting up removes it, and leaves this one's alone.
+	id := orphan(s.Deployment)
+	// Another deployment's sandbox of an instance this one does not know:
+	// never this deployment's to remove (issue 14.5).
+	theirs := orphan("0123456789ab")
+	// A second instance starting up removes this deployment's orphan, and
+	// leaves this instance's sandboxes and the other deployment's alone.
 	other, err := boot.Up(context.Background(), s.Config, boot.NeedClient, slog.Default())
 	if err != nil {
 		t.Fatal(err)
@@ -439,6 +469,9 @@ func TestOrphansOfDeadInstancesAreRemoved(t *testing.T) {
 	other.Close(context.Background())
 	if _, err := s.Client.LoadContainer(ctx, id); err == nil {
 		t.Errorf("orphan %s survived", id)
+	}
+	if _, err := s.Client.LoadContainer(ctx, theirs); err != nil {
+		t.Errorf("another deployment's sandbox %s was removed: %v", theirs, err)
 	}
 	if r := run(t, runtime.Python, "print(2)"); r.Stdout != "2\n" {
 		t.Errorf("live instance broken after another's GC: %+v", r)
@@ -530,4 +563,14 @@ func TestExternalContainerd(t *testing.T) {
 	if _, err := s.Client.Version(context.Background()); err != nil {
 		t.Fatalf("closing an external-daemon stack stopped the daemon: %v", err)
 	}
+}
+
+// removeContainer deletes container id and its snapshot, if they exist.
+func removeContainer(s *boot.Stack, id string) error {
+	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
+	c, err := s.Client.LoadContainer(ctx, id)
+	if err != nil {
+		return err
+	}
+	return c.Delete(ctx, containerd.WithSnapshotCleanup)
 }

@@ -112,7 +112,7 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	if cfg.NetworkOffered() {
 		res.Bridge, res.Subnet, res.Table = cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.Table
 	}
-	if s.hold, err = instance.Claim(ctx, instance.DefaultRegistry, s.Deployment, res); err != nil {
+	if s.hold, err = instance.Claim(ctx, instance.DefaultRegistry, s.Deployment, inst.ID, res); err != nil {
 		return s, fmt.Errorf("another airlock deployment on this host: %w", err)
 	}
 	client, err := containerd.New(addr, containerd.WithDefaultNamespace(cfg.Containerd.Namespace), containerd.WithTimeout(10*time.Second))

@@ -77,18 +77,23 @@ type Resources struct {
 	PID        int    `json:"pid"`
 }
 
-// DefaultRegistry is where live deployments are registered, host-wide.
+// DefaultRegistry is where live instances register their deployment's
+// resources, host-wide.
 const DefaultRegistry = "/run/airlock/deployments"
 
-// Hold is a deployment registered as live by this process. Close releases it.
-type Hold struct{ f *os.File }
+// Hold is an instance's registration. Close releases it.
+type Hold struct {
+	f         *os.File
+	path, rec string
+}
 
-// Close releases the hold; the deployment stays registered while any
-// other of its instances holds it.
+// Close releases the registration and removes its files.
 func (h *Hold) Close() error {
 	if h == nil || h.f == nil {
 		return nil
 	}
+	_ = os.Remove(h.rec)
+	_ = os.Remove(h.path)
 	err := h.f.Close()
 	h.f = nil
 	return err
@@ -107,12 +112,14 @@ func (e *ClashError) Error() string {
 		strings.Join(e.Keys, ", "), e.What, e.Other.StateDir, e.Other.PID, strings.Join(e.Keys, " and "))
 }
 
-// Claim registers deployment id with its resources in registry, refusing
-// with a *ClashError when another live deployment uses the same bridge,
-// overlapping subnet, the same firewall table, or the same containerd
-// namespace on the same daemon. Instances of one deployment share the
-// registration; it lapses when the last of them exits, however it exits.
-func Claim(ctx context.Context, registry, id string, r Resources) (*Hold, error) {
+// Claim registers instance inst of deployment dep with the resources it
+// uses in registry, refusing with a *ClashError when a live instance of
+// another deployment uses the same bridge, an overlapping subnet, the same
+// firewall table, or the same containerd namespace on the same daemon.
+// Instances of one deployment never clash with each other (they share
+// those by design). A registration lapses when its process exits, however
+// it exits: it is a lock the kernel drops.
+func Claim(ctx context.Context, registry, dep, inst string, r Resources) (*Hold, error) {
 	if err := os.MkdirAll(registry, 0o700); err != nil {
 		return nil, fmt.Errorf("create deployment registry: %w", err)
 	}
@@ -126,13 +133,17 @@ func Claim(ctx context.Context, registry, id string, r Resources) (*Hold, error)
 		return nil, fmt.Errorf("read deployment registry: %w", err)
 	}
 	for _, e := range entries {
-		other, ok := strings.CutSuffix(e.Name(), ".json")
-		if !ok || other == id {
+		name, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
 			continue
 		}
-		if !deploymentAlive(registry, other) {
+		otherDep, _, ok := strings.Cut(name, ".")
+		if !ok || otherDep == dep {
+			continue
+		}
+		if !registrationAlive(filepath.Join(registry, name+".lock")) {
 			_ = os.Remove(filepath.Join(registry, e.Name()))
-			_ = os.Remove(filepath.Join(registry, other+".lock"))
+			_ = os.Remove(filepath.Join(registry, name+".lock"))
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(registry, e.Name()))
@@ -141,36 +152,38 @@ func Claim(ctx context.Context, registry, id string, r Resources) (*Hold, error)
 			err = json.Unmarshal(b, &o)
 		}
 		if err != nil {
-			continue // being written by its owner, who checks against us under the lock
+			continue // written under the lock; unreadable means not ours to judge
 		}
 		if err := clash(r, o); err != nil {
 			return nil, err
 		}
 	}
-	f, err := os.OpenFile(filepath.Join(registry, id+".lock"), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	base := filepath.Join(registry, dep+"."+inst)
+	f, err := os.OpenFile(base+".lock", os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("deployment lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("deployment lock: %w", err)
 	}
 	b, _ := json.Marshal(r)
-	tmp := filepath.Join(registry, "."+id+".tmp")
+	tmp := base + ".tmp"
 	err = os.WriteFile(tmp, b, 0o600)
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(registry, id+".json"))
+		err = os.Rename(tmp, base+".json")
 	}
 	if err != nil {
 		_ = f.Close()
+		_ = os.Remove(base + ".lock")
 		return nil, fmt.Errorf("register deployment: %w", err)
 	}
-	return &Hold{f: f}, nil
+	return &Hold{f: f, path: base + ".lock", rec: base + ".json"}, nil
 }
 
-// deploymentAlive reports whether some process holds deployment id's lock.
-func deploymentAlive(registry, id string) bool {
-	f, err := os.OpenFile(filepath.Join(registry, id+".lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
+// registrationAlive reports whether some process holds the lock at path.
+func registrationAlive(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}

@@ -30,12 +30,12 @@ func TestDeploymentIDStable(t *testing.T) {
 }
 
 // A second deployment may share nothing with a live one; a dead one's
-// registration lapses; instances of one deployment share theirs.
+// registration lapses; instances of one deployment never clash.
 func TestClaim(t *testing.T) {
 	reg := t.TempDir()
 	ctx := context.Background()
 	a := Resources{StateDir: "/var/lib/a", Containerd: "/var/lib/a/containerd/containerd.sock", Namespace: "airlock", Bridge: "br-a", Subnet: "10.89.0.0/24", Table: "airlock", PID: 1}
-	holdA, err := Claim(ctx, reg, "aaaaaaaaaaaa", a)
+	holdA, err := Claim(ctx, reg, "aaaaaaaaaaaa", "i1", a)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestClaim(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := other
 			tc.edit(&r)
-			h, err := Claim(ctx, reg, "bbbbbbbbbbbb", r)
+			h, err := Claim(ctx, reg, "bbbbbbbbbbbb", "i2", r)
 			var ce *ClashError
 			if !errors.As(err, &ce) || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), "/var/lib/a") {
 				_ = h.Close()
@@ -62,26 +62,31 @@ func TestClaim(t *testing.T) {
 		})
 	}
 	// Distinct resources, and a second instance of A: both fine.
-	holdB, err := Claim(ctx, reg, "bbbbbbbbbbbb", other)
+	holdB, err := Claim(ctx, reg, "bbbbbbbbbbbb", "i3", other)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer holdB.Close()
-	holdA2, err := Claim(ctx, reg, "aaaaaaaaaaaa", a)
+	// A second instance of A, with another bridge (a test stack beside a
+	// server): its resources count as A's too.
+	a2 := a
+	a2.Bridge, a2.Table = "br-a2", "airlock_a2"
+	holdA2, err := Claim(ctx, reg, "aaaaaaaaaaaa", "i4", a2)
 	if err != nil {
 		t.Fatalf("a second instance of a deployment: %v", err)
 	}
 	// A is live while either instance holds it; once both are gone its
 	// bridge is free.
 	r := other
-	r.Bridge = "br-a"
+	r.Containerd = "/var/lib/c/containerd.sock"
 	_ = holdA.Close()
-	if _, err := Claim(ctx, reg, "cccccccccccc", r); err == nil {
-		t.Fatal("A's bridge taken while an instance of A lives")
+	r.Bridge = "br-a2"
+	if _, err := Claim(ctx, reg, "cccccccccccc", "i5", r); err == nil || !strings.Contains(err.Error(), "network.bridge") {
+		t.Fatal("the bridge of A's second instance taken while it lives")
 	}
 	_ = holdA2.Close()
-	r.Table, r.Subnet, r.Containerd = "airlock_c", "10.91.0.0/24", "/var/lib/c/containerd.sock"
-	if h, err := Claim(ctx, reg, "cccccccccccc", r); err != nil {
+	r.Table, r.Subnet = "airlock_c", "10.91.0.0/24"
+	if h, err := Claim(ctx, reg, "cccccccccccc", "i6", r); err != nil {
 		t.Fatalf("A's bridge after A left: %v", err)
 	} else {
 		_ = h.Close()
