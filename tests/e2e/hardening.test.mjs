@@ -116,7 +116,7 @@ describe('two deployments on one host', { timeout: 10 * 60_000 }, () => {
   const netB = ['network:', '  allow_domains: [allowed.test]', '  bridge: airlockdb0', '  subnet: 10.89.241.0/24', '  table: airlock_e2e_b', '  proxy_port: 3140'];
   let a, dirB, dirC;
   before(async () => {
-    a = await startServer('deployment-a', [...netA, 'pool: {size: 1}']);
+    a = await startServer('deployment-a', [...netA, 'pool: {size: 0}']);
     dirB = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_depb_'));
     dirC = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_depc_'));
     // B imports the image A's deployment built instead of building its own.
@@ -128,6 +128,12 @@ describe('two deployments on one host', { timeout: 10 * 60_000 }, () => {
     assert.equal(built.code, 0, built.stderr);
   });
   after(async () => {
+    // A leaves as a desktop client lets it: stdin closed, its teardown
+    // waited for (not cut short by the SDK's SIGKILL, issue 15).
+    if (a?.child) {
+      a.child.stdin.end();
+      await Promise.race([a.exited, new Promise((r) => setTimeout(r, 60_000))]);
+    }
     await a?.close();
     await rm(dirB, { recursive: true, force: true });
     await rm(dirC, { recursive: true, force: true });
@@ -139,7 +145,7 @@ describe('two deployments on one host', { timeout: 10 * 60_000 }, () => {
     const sid = created.sc.session_id;
     assert.equal((await a.python('x = 7', { session_id: sid })).isError, false);
 
-    const b = await startServer('deployment-b', [...netB, 'pool: {size: 1}'], { stateDir: dirB });
+    const b = await startServer('deployment-b', [...netB, 'pool: {size: 0}'], { stateDir: dirB });
     const rb = await b.shell('echo from-b');
     assert.equal(rb.sc.stdout, 'from-b\n', rb.text);
     // B's last instance leaves: its daemon, bridge and table go. Its

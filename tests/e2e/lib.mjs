@@ -333,7 +333,7 @@ export async function audit({ instanceId = null, runIds = [] } = {}) {
     containers: pick(lo.containers),
     tasks: pick(lo.tasks),
     snapshots: pick(lo.snapshots),
-    mounts: lo.mounts.filter((l) => strip(l).includes('airlock-') && !excused.some((e) => l.includes(e))),
+    mounts: await ownedMounts(lo.mounts, instanceId, excused),
   };
   const ownOf = (list) => list.filter((n) => [...mineIds].some((m) => n.includes(m)));
   const own = {
@@ -343,6 +343,27 @@ export async function audit({ instanceId = null, runIds = [] } = {}) {
     mounts: ownOf(all.mounts),
   };
   return { all, own, excused };
+}
+
+/**
+ * The mount lines that are airlock leftovers of this state_dir: sandbox
+ * rootfs mounts under STATE_DIR (not of an excused container), and network
+ * namespaces /run/netns/airlock-INSTANCE-RUN of instanceId or of an
+ * instance that is no longer alive. Another airlock on the host (another
+ * state_dir, or a live instance of this one) is never a leftover.
+ */
+async function ownedMounts(lines, instanceId, excused) {
+  const out = [];
+  for (const l of lines) {
+    const dir = l.split(' ')[1] ?? '';
+    const ns = /^\/run\/netns\/airlock-([0-9a-f]{12})-/.exec(dir);
+    if (ns) {
+      if (ns[1] === instanceId || !(await instanceAlive(ns[1]))) out.push(l);
+      continue;
+    }
+    if (dir.startsWith(STATE_DIR + '/') && dir.includes('/airlock-') && !excused.some((e) => l.includes(e))) out.push(l);
+  }
+  return out;
 }
 
 /**
