@@ -138,12 +138,16 @@ func Claim(ctx context.Context, registry, dep, inst string, r Resources) (*Hold,
 			continue
 		}
 		otherDep, _, ok := strings.Cut(name, ".")
-		if !ok || otherDep == dep {
+		if !ok {
 			continue
 		}
 		if !registrationAlive(filepath.Join(registry, name+".lock")) {
+			// A killed instance's registration, whatever its deployment.
 			_ = os.Remove(filepath.Join(registry, e.Name()))
 			_ = os.Remove(filepath.Join(registry, name+".lock"))
+			continue
+		}
+		if otherDep == dep {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(registry, e.Name()))
