@@ -19,7 +19,6 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
-	"golang.org/x/sys/unix"
 
 	"github.com/airlock-mcp/airlock/runtime/network"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
@@ -169,27 +168,6 @@ const runscRootBase = "/run/airlock/runsc"
 
 // RunscRoot is runsc's state root for deployment's sandboxes.
 func RunscRoot(deployment string) string { return filepath.Join(runscRootBase, deployment) }
-
-// RemoveRunscRoot removes deployment's runsc state root, which runsc
-// leaves behind with a bind mount of an empty network namespace in it
-// (null-netns); the last instance of a deployment calls it once its
-// sandboxes are gone.
-func RemoveRunscRoot(deployment string) error {
-	if deployment == "" {
-		return nil
-	}
-	root := RunscRoot(deployment)
-	mounts, _ := filepath.Glob(filepath.Join(root, "*", "null-netns"))
-	for _, m := range mounts {
-		if err := unix.Unmount(m, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("unmount %s: %w", m, err)
-		}
-	}
-	if err := os.RemoveAll(root); err != nil {
-		return fmt.Errorf("remove runsc root: %w", err)
-	}
-	return nil
-}
 
 // FIFODir is where an instance's sandbox stdio pipes live. It is per
 // instance so that Close and GC remove exactly their own.

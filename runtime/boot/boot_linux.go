@@ -183,13 +183,6 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	}
 	s.Shim = shim
 	s.Manager = m
-	// runsc keeps a state root per deployment; the last instance out
-	// removes it, after every sandbox (Close below) is gone.
-	s.lastOut = append(s.lastOut, func(context.Context) {
-		if err := runtime.RemoveRunscRoot(s.Deployment); err != nil {
-			log.Warn("remove runsc root", "err", err)
-		}
-	})
 	if s.Daemon != nil {
 		// The embedded containerd is ours to keep alive.
 		sctx, stop := context.WithCancel(context.WithoutCancel(ctx))

@@ -138,16 +138,12 @@ func Claim(ctx context.Context, registry, dep, inst string, r Resources) (*Hold,
 			continue
 		}
 		otherDep, _, ok := strings.Cut(name, ".")
-		if !ok {
+		if !ok || otherDep == dep {
 			continue
 		}
 		if !registrationAlive(filepath.Join(registry, name+".lock")) {
-			// A killed instance's registration, whatever its deployment.
 			_ = os.Remove(filepath.Join(registry, e.Name()))
 			_ = os.Remove(filepath.Join(registry, name+".lock"))
-			continue
-		}
-		if otherDep == dep {
 			continue
 		}
 		b, err := os.ReadFile(filepath.Join(registry, e.Name()))

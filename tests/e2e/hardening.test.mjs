@@ -4,7 +4,7 @@
 // of airlock on one host.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
@@ -154,11 +154,6 @@ describe('two deployments on one host', { timeout: 10 * 60_000 }, () => {
     const exitB = await Promise.race([b.exited, new Promise((r) => setTimeout(() => r(null), 60_000))]);
     assert.ok(exitB && exitB.code === 0, `B exited: ${JSON.stringify(exitB)}`);
     await b.close();
-    // Nothing of B stays on the host: not even runsc's state root (and the
-    // empty-netns bind mount runsc keeps in it).
-    const depB = (await readFile(path.join(dirB, 'deployment-id'), 'utf8')).trim();
-    assert.ok(!(await readFile('/proc/mounts', 'utf8')).includes(`/run/airlock/runsc/${depB}`), 'B\'s runsc root is unmounted');
-    await assert.rejects(readdir(`/run/airlock/runsc/${depB}`), 'B\'s runsc root is removed');
 
     // A's session sandbox, bridge and firewall are all still there.
     const again = await a.python('x * 6', { session_id: sid });
