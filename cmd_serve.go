@@ -14,6 +14,7 @@ import (
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/boot"
+	"github.com/airlock-mcp/airlock/runtime/guardian"
 	"github.com/airlock-mcp/airlock/server"
 )
 
@@ -48,8 +49,15 @@ func (a *app) serveCmd() *cobra.Command {
 	return cmd
 }
 
+// serveStdio serves one client on stdin and stdout until stdin ends (the
+// client went away) or a signal comes. Then it leaves at once: runs in
+// flight are cancelled, their records written, and the teardown of its
+// sandboxes is handed to its guardian, which the kernel tells the moment
+// this process exits. A desktop client gives a server two seconds before
+// SIGTERM, and SIGKILL two after.
 func (a *app) serveStdio(cmd *cobra.Command) error {
 	return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
+		g := a.startGuardian(cmd, stack)
 		h, closeHandlers, err := a.handlers(ctx, stack)
 		if err != nil {
 			return err
@@ -60,10 +68,19 @@ func (a *app) serveStdio(cmd *cobra.Command) error {
 			return err
 		}
 		defer stopMetrics()
-		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "approval", a.cfg.Approval.Mode)
+		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "guardian", g.PID(), "approval", a.cfg.Approval.Mode)
 		s := server.New(version, h)
 		workers := a.cfg.Limits.Concurrency + a.cfg.Limits.Queue + 8
-		return server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), workers, int(maxMessageBytes(a.cfg)), a.log)
+		err = server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), workers, int(maxMessageBytes(a.cfg)), a.log)
+		if g != nil {
+			// Runs in flight were cancelled as input ended; what is left
+			// is the guardian's to remove once this process is gone.
+			h.Detach()
+			stack.HandOff()
+			_ = g.HandOff()
+			a.log.Info("leaving; the guardian removes this instance's sandboxes", "guardian", g.PID())
+		}
+		return err
 	})
 }
 
@@ -83,7 +100,12 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			return err
 		}
 	}
+	// The guardian removes this daemon's sandboxes should it be killed;
+	// told "done", after the teardown below, it leaves without a sweep.
+	var g *guardian.Guardian
+	defer func() { _ = g.Done() }()
 	return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
+		g = a.startGuardian(cmd, stack)
 		h, closeHandlers, err := a.handlers(ctx, stack)
 		if err != nil {
 			return err

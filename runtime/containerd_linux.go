@@ -331,23 +331,51 @@ func removeContainers(ctx context.Context, client *containerd.Client, namespace,
 	if err != nil {
 		return 0, fmt.Errorf("list sandboxes: %w", err)
 	}
-	var errs []error
-	n := 0
+	// In parallel: a killed instance's pool and sessions are removed within
+	// seconds, not one sandbox teardown after another.
+	var (
+		mu   sync.Mutex
+		errs []error
+		n    int
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, removeParallel)
+	)
 	for _, c := range containers {
 		labels, err := c.Labels(ctx)
 		if err != nil || !doomed(c.ID(), labels[LabelInstance]) {
 			continue
 		}
-		if t, err := c.Task(ctx, nil); err == nil {
-			if err := deleteTask(ctx, t); err != nil {
-				errs = append(errs, fmt.Errorf("delete task %s: %w", c.ID(), err))
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			err := removeContainer(ctx, c)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
 			}
-		}
-		if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
-			errs = append(errs, fmt.Errorf("delete container %s: %w", c.ID(), err))
-			continue
-		}
-		n++
+			n++
+		}()
 	}
+	wg.Wait()
 	return n, errors.Join(errs...)
+}
+
+// removeParallel is how many sandboxes a sweep removes at once.
+const removeParallel = 8
+
+// removeContainer deletes c with its task and snapshot.
+func removeContainer(ctx context.Context, c containerd.Container) error {
+	var errs []error
+	if t, err := c.Task(ctx, nil); err == nil {
+		if err := deleteTask(ctx, t); err != nil {
+			errs = append(errs, fmt.Errorf("delete task %s: %w", c.ID(), err))
+		}
+	}
+	if err := c.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return errors.Join(append(errs, fmt.Errorf("delete container %s: %w", c.ID(), err))...)
+	}
+	return errors.Join(errs...)
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"golang.org/x/sys/unix"
 
 	"github.com/airlock-mcp/airlock/runtime/daemon"
 )
@@ -121,4 +123,54 @@ func runscBundle(args []string) (namespace, id string, ok bool) {
 		return filepath.Base(filepath.Dir(bundle)), filepath.Base(bundle), bundle != "."
 	}
 	return "", "", false
+}
+
+// RemoveRunscRoot removes deployment's runsc state root, where runsc
+// leaves a bind mount of an empty network namespace (null-netns) and the
+// lock files of sandboxes it has deleted. Only the deployment's last
+// instance out calls it, and it removes nothing while containerd still
+// lists a container of the deployment in namespace or a runsc process
+// still uses the root: deleting a container whose runsc state is gone
+// would hang its shim. It reports whether it removed the root.
+func RemoveRunscRoot(ctx context.Context, client *containerd.Client, namespace, deployment string) (bool, error) {
+	if deployment == "" {
+		return false, errors.New("remove runsc root: no deployment id")
+	}
+	root := RunscRoot(deployment)
+	if _, err := os.Stat(root); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	ids, err := client.ContainerService().List(namespaces.WithNamespace(ctx, namespace), fmt.Sprintf("labels.%q==%s", LabelDeployment, deployment))
+	if err != nil {
+		return false, fmt.Errorf("list sandboxes: %w", err)
+	}
+	if len(ids) > 0 {
+		return false, nil
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.HasPrefix(filepath.Base(strings.SplitN(string(b), "\x00", 2)[0]), "runsc") {
+			continue
+		}
+		if r := runscFlag(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), "root"); r == root || strings.HasPrefix(r, root+"/") {
+			return false, nil
+		}
+	}
+	mounts, _ := filepath.Glob(filepath.Join(root, "*", "null-netns"))
+	for _, m := range mounts {
+		// runsc may have mounted it more than once: unmount until none is left.
+		for range 16 {
+			if err := unix.Unmount(m, unix.MNT_DETACH); err != nil {
+				if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+					break
+				}
+				return false, fmt.Errorf("unmount %s: %w", m, err)
+			}
+		}
+	}
+	if err := os.RemoveAll(root); err != nil {
+		return false, fmt.Errorf("remove runsc root: %w", err)
+	}
+	return true, nil
 }

@@ -137,17 +137,11 @@ func (s *idScanner) step(c byte) {
 		return
 	}
 	if s.inString {
-		switch {
-		case s.escaped:
-			s.escaped = false
-		case c == '\\':
-			s.escaped = true
-		case c == '"':
+		if s.stringByte(c) {
 			s.inString = false
 			if s.inKey {
 				s.inKey = false
 				s.afterKey = !s.keyLong && string(s.key) == "id"
-				return
 			}
 			return
 		}
@@ -190,17 +184,26 @@ func (s *idScanner) step(c byte) {
 	}
 }
 
+// stringByte steps over c, a byte inside a string, and reports whether it
+// ends the string (an unescaped quote).
+func (s *idScanner) stringByte(c byte) bool {
+	switch {
+	case s.escaped:
+		s.escaped = false
+	case c == '\\':
+		s.escaped = true
+	case c == '"':
+		return true
+	}
+	return false
+}
+
 // captureByte adds c to the id being captured and ends it at its end.
 func (s *idScanner) captureByte(c byte) {
 	str := s.capture[0] == '"'
 	if str {
 		s.capture = append(s.capture, c)
-		switch {
-		case s.escaped:
-			s.escaped = false
-		case c == '\\':
-			s.escaped = true
-		case c == '"':
+		if s.stringByte(c) {
 			s.finishCapture()
 			s.inString = false
 		}

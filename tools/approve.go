@@ -260,7 +260,22 @@ type deferredRecord struct {
 // Close ends every session and writes the records of requests still
 // waiting for a client's retry: at shutdown they will never be answered.
 func (h *Handlers) Close() {
-	h.closeSessions()
+	h.closeSessions(true)
+	h.writeDeferred()
+}
+
+// Detach is Close for a process that leaves its sandboxes for another to
+// remove (its guardian): the records are written and sessions end, but
+// their sandboxes are left as they are rather than half torn down by a
+// process about to exit.
+func (h *Handlers) Detach() {
+	h.closeSessions(false)
+	h.writeDeferred()
+}
+
+// writeDeferred writes the records of requests still waiting for a
+// client's retry.
+func (h *Handlers) writeDeferred() {
 	h.deferredMu.Lock()
 	pending := h.deferred
 	h.deferred = nil

@@ -125,8 +125,9 @@ func (h *Handlers) reap() {
 	}
 }
 
-// closeSessions ends every session (shutdown).
-func (h *Handlers) closeSessions() {
+// closeSessions ends every session (shutdown), destroying their
+// sandboxes when destroy is set.
+func (h *Handlers) closeSessions(destroy bool) {
 	h.sessions.once.Do(func() {
 		if h.sessions.stop != nil {
 			close(h.sessions.stop)
@@ -143,7 +144,7 @@ func (h *Handlers) closeSessions() {
 		e := h.sessions.m[id]
 		delete(h.sessions.m, id)
 		h.sessions.mu.Unlock()
-		if e != nil {
+		if e != nil && destroy {
 			e.s.Close()
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/airlock-mcp/airlock/runtime/daemon"
 	"github.com/airlock-mcp/airlock/runtime/image"
 	"github.com/airlock-mcp/airlock/runtime/instance"
+	"github.com/airlock-mcp/airlock/runtime/network"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
@@ -41,7 +42,9 @@ type Stack struct {
 	Shim       string
 	// Egress is the operator's policy when this instance offers networked
 	// runs, else nil.
-	Egress  *egress.Policy
+	Egress *egress.Policy
+	// net is the sandbox network's manager, when networked runs are offered.
+	net     *network.Manager
 	log     *slog.Logger
 	closers []func(context.Context)
 	// lastOut stops what instances share (daemon, firewall, bridge); the
@@ -121,35 +124,30 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 	}
 	s.Client = client
 	s.closers = append(s.closers, func(context.Context) { _ = client.Close() })
-
-	// What instances that died left behind, in order: their sandboxes,
-	// then runsc processes no container owns, then cgroups nothing uses.
-	nctx := namespaces.WithNamespace(ctx, cfg.Containerd.Namespace)
-	ns := cfg.Containerd.Namespace
-	for _, sweep := range []struct {
-		what string
-		run  func() (int, error)
-	}{
-		{"orphaned sandboxes", func() (int, error) {
-			return runtime.RemoveSandboxes(nctx, client, ns, s.Deployment, s.deadInstance)
-		}},
-		{"orphaned sandbox processes", func() (int, error) {
-			return runtime.RemoveOrphanSandboxProcesses(ctx, client, ns, s.Deployment)
-		}},
-		{"stale sandbox cgroups", func() (int, error) { return runtime.RemoveStaleCgroups(ctx, client, ns, s.Deployment) }},
-	} {
-		if n, err := sweep.run(); err != nil {
-			log.Warn("remove "+sweep.what, "err", err)
-		} else if n > 0 {
-			log.Info("removed "+sweep.what, "count", n)
+	// runsc keeps a state root per deployment; the last instance out removes
+	// it once no sandbox of the deployment is left (before the daemon stops,
+	// after this stack's client is closed: it asks with one of its own).
+	s.lastOut = append(s.lastOut, func(ctx context.Context) {
+		c, err := containerd.New(addr, containerd.WithTimeout(10*time.Second))
+		if err != nil {
+			log.Warn("remove runsc root", "err", err)
+			return
 		}
+		defer c.Close()
+		if _, err := runtime.RemoveRunscRoot(ctx, c, cfg.Containerd.Namespace, s.Deployment); err != nil {
+			log.Warn("remove runsc root", "err", err)
+		}
+	})
+
+	if err := s.prepareNetworkSweep(); err != nil {
+		return s, err
 	}
-	s.removeDeadFIFODirs()
+	s.Sweep(ctx)
 	if need == NeedClient {
 		return s, nil
 	}
 
-	img, err := image.Ensure(nctx, client, cfg.Image)
+	img, err := image.Ensure(namespaces.WithNamespace(ctx, cfg.Containerd.Namespace), client, cfg.Image)
 	if err != nil {
 		return s, err
 	}
@@ -259,6 +257,16 @@ func (s *Stack) Close(ctx context.Context) {
 	s.closers = nil
 }
 
+// HandOff gives up this stack without tearing anything down: the
+// process is about to exit and its guardian, told by the kernel, removes
+// the instance's sandboxes, networks and registration, and what instances
+// share when it was the last. Exiting closes the rest.
+func (s *Stack) HandOff() {
+	if s != nil {
+		s.closers = nil
+	}
+}
+
 // ShimPreference is the order shims are tried in: gVisor's own first.
 var ShimPreference = []string{runtime.ShimRunsc, runtime.ShimRunc}
 
@@ -305,6 +313,74 @@ func ProbeShim(ctx context.Context, o runtime.Options, shim string) error {
 	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "airlock-probe") {
 		return fmt.Errorf("probe exited %d: %s", res.ExitCode, strings.TrimSpace(res.Stderr))
 	}
+	return nil
+}
+
+// Sweep removes what instances of this deployment that died left behind,
+// in order: their sandboxes, then runsc processes no container owns, then
+// cgroups nothing uses, then their network namespaces and addresses, then
+// their stdio pipes. It reports how many sandboxes it removed; what fails
+// is logged, and the next sweep tries again.
+func (s *Stack) Sweep(ctx context.Context) int {
+	cfg := s.Config
+	ns := cfg.Containerd.Namespace
+	nctx := namespaces.WithNamespace(ctx, ns)
+	removed := 0
+	for _, sweep := range []struct {
+		what string
+		run  func() (int, error)
+	}{
+		{"orphaned sandboxes", func() (int, error) {
+			n, err := runtime.RemoveSandboxes(nctx, s.Client, ns, s.Deployment, s.deadInstance)
+			removed = n
+			return n, err
+		}},
+		{"orphaned sandbox processes", func() (int, error) {
+			return runtime.RemoveOrphanSandboxProcesses(ctx, s.Client, ns, s.Deployment)
+		}},
+		{"stale sandbox cgroups", func() (int, error) { return runtime.RemoveStaleCgroups(ctx, s.Client, ns, s.Deployment) }},
+	} {
+		if n, err := sweep.run(); err != nil {
+			s.log.Warn("remove "+sweep.what, "err", err)
+		} else if n > 0 {
+			s.log.Info("removed "+sweep.what, "count", n)
+		}
+	}
+	if s.net != nil {
+		if err := s.net.GC(ctx, func(id string) bool { return !s.deadInstance(id) }); err != nil {
+			s.log.Warn("remove network of dead instances", "err", err)
+		}
+	}
+	s.removeDeadFIFODirs()
+	return removed
+}
+
+// prepareNetworkSweep readies the sandbox network's manager, when this
+// deployment offers networked runs, so that sweeps can free dead
+// instances' namespaces and addresses; whichever instance leaves last
+// removes the firewall and bridge the instances share, whatever it came
+// up for.
+func (s *Stack) prepareNetworkSweep() error {
+	if !s.Config.NetworkOffered() {
+		return nil
+	}
+	ncfg, err := NetworkConfig(s.Config, s.Instance.ID)
+	if err != nil {
+		return err
+	}
+	nm, err := network.New(ncfg)
+	if err != nil {
+		return err
+	}
+	s.net = nm
+	s.lastOut = append(s.lastOut, func(context.Context) {
+		if err := nm.RemoveFirewall(); err != nil {
+			s.log.Warn("remove firewall", "err", err)
+		}
+		if err := nm.RemoveBridge(); err != nil {
+			s.log.Warn("remove bridge", "err", err)
+		}
+	})
 	return nil
 }
 

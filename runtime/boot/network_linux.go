@@ -30,18 +30,14 @@ type egressStack struct {
 }
 
 // upNetwork prepares networked runs: policy, firewall (before any sandbox
-// gets an address), garbage from dead instances, and the proxy on the
-// gateway. Instances sharing the bridge each run a proxy on a port of their
-// own; when every port of the range is taken, it returns ErrProxyTaken.
+// gets an address) and the proxy on the gateway. Instances sharing the
+// bridge each run a proxy on a port of their own; when every port of the
+// range is taken, it returns ErrProxyTaken.
 func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack, error) {
 	nc := cfg.Network
 	pol, err := egress.ParsePolicy(nc.AllowDomains, nc.AllowPorts, nc.AllowCIDRs)
 	if err != nil {
 		return nil, fmt.Errorf("network.allow_domains/allow_ports/allow_cidrs: %w", err)
-	}
-	ncfg, err := NetworkConfig(cfg, s.Instance.ID)
-	if err != nil {
-		return nil, err
 	}
 	hosts := map[string][]netip.Addr{}
 	for _, h := range nc.Hosts {
@@ -71,24 +67,11 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 		ca = append(append(system, '\n'), extra...)
 	}
 
-	nm, err := network.New(ncfg)
-	if err != nil {
-		return nil, err
-	}
+	// Up made the manager and swept dead instances' networks; the firewall
+	// goes in before any sandbox gets an address.
+	nm := s.net
 	if err := nm.EnsureFirewall(); err != nil {
 		return nil, fmt.Errorf("firewall: %w", err)
-	}
-	// The firewall and bridge are shared: the last instance removes them.
-	s.lastOut = append(s.lastOut, func(context.Context) {
-		if err := nm.RemoveFirewall(); err != nil {
-			s.log.Warn("remove firewall", "err", err)
-		}
-		if err := nm.RemoveBridge(); err != nil {
-			s.log.Warn("remove bridge", "err", err)
-		}
-	})
-	if err := nm.GC(ctx, func(id string) bool { return !s.deadInstance(id) }); err != nil {
-		s.log.Warn("remove network of dead instances", "err", err)
 	}
 
 	proxy, err := egress.New(egress.Options{Hosts: hosts, AllowedPrivate: private, Logger: s.log.With("component", "egress")})

@@ -26,7 +26,8 @@ import (
 // deploymentFile holds the deployment's id in its state_dir.
 const deploymentFile = "deployment-id"
 
-var deploymentIDRE = regexp.MustCompile(`^[0-9a-f]{12}$`)
+// idRE is the shape of deployment and instance ids.
+var idRE = regexp.MustCompile(`^[0-9a-f]{12}$`)
 
 // DeploymentID returns the id of the deployment whose state is stateDir,
 // creating it on first use. It labels everything the deployment makes.
@@ -35,7 +36,7 @@ func DeploymentID(stateDir string) (string, error) {
 	for range 2 {
 		if b, err := os.ReadFile(p); err == nil {
 			id := strings.TrimSpace(string(b))
-			if !deploymentIDRE.MatchString(id) {
+			if !idRE.MatchString(id) {
 				return "", fmt.Errorf("%s holds %q, not a deployment id: remove the file to make a new one", p, id)
 			}
 			return id, nil
@@ -141,7 +142,7 @@ func Claim(ctx context.Context, registry, dep, inst string, r Resources) (*Hold,
 		if !ok || otherDep == dep {
 			continue
 		}
-		if !registrationAlive(filepath.Join(registry, name+".lock")) {
+		if !lockHeld(filepath.Join(registry, name+".lock"), false) {
 			_ = os.Remove(filepath.Join(registry, e.Name()))
 			_ = os.Remove(filepath.Join(registry, name+".lock"))
 			continue
@@ -181,17 +182,19 @@ func Claim(ctx context.Context, registry, dep, inst string, r Resources) (*Hold,
 	return &Hold{f: f, path: base + ".lock", rec: base + ".json"}, nil
 }
 
-// registrationAlive reports whether some process holds the lock at path.
-func registrationAlive(path string) bool {
-	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false
+// ForgetDead removes the registration of instance inst of deployment dep
+// from registry when its process is gone (its guardian calls it; Claim
+// removes other deployments' dead ones on its way).
+func ForgetDead(registry, dep, inst string) {
+	if !idRE.MatchString(dep) || !idRE.MatchString(inst) {
+		return
 	}
-	defer f.Close()
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return errors.Is(err, unix.EWOULDBLOCK)
+	base := filepath.Join(registry, dep+"."+inst)
+	if lockHeld(base+".lock", false) {
+		return
 	}
-	return false
+	_ = os.Remove(base + ".json")
+	_ = os.Remove(base + ".lock")
 }
 
 // clash reports the first resource r shares with o.

@@ -15,7 +15,7 @@ func TestDeploymentIDStable(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, err := DeploymentID(dir)
-	if err != nil || a != b || !deploymentIDRE.MatchString(a) {
+	if err != nil || a != b || !idRE.MatchString(a) {
 		t.Fatalf("ids %q, %q (%v): want one stable id", a, b, err)
 	}
 	if c, _ := DeploymentID(t.TempDir()); c == a {
@@ -90,5 +90,40 @@ func TestClaim(t *testing.T) {
 		t.Fatalf("A's bridge after A left: %v", err)
 	} else {
 		_ = h.Close()
+	}
+}
+
+// A guardian forgets its dead server's registration, never a live one's.
+func TestForgetDead(t *testing.T) {
+	reg := t.TempDir()
+	ctx := context.Background()
+	const dep, live, dead = "aaaaaaaaaaaa", "111111111111", "222222222222"
+	r := Resources{StateDir: "/var/lib/a", Containerd: "/c.sock", Namespace: "airlock"}
+	holdLive, err := Claim(ctx, reg, dep, live, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holdLive.Close()
+	holdDead, err := Claim(ctx, reg, dep, dead, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What a killed process leaves: the files, with no lock on them.
+	_ = holdDead.f.Close()
+	holdDead.f = nil
+
+	ForgetDead(reg, dep, live)
+	ForgetDead(reg, dep, dead)
+	ForgetDead(reg, dep, "../../etc") // not an id: ignored
+	for _, tc := range []struct {
+		inst string
+		want bool
+	}{{live, true}, {dead, false}} {
+		for _, ext := range []string{".json", ".lock"} {
+			_, err := os.Stat(reg + "/" + dep + "." + tc.inst + ext)
+			if got := err == nil; got != tc.want {
+				t.Errorf("%s%s exists = %v, want %v", tc.inst, ext, got, tc.want)
+			}
+		}
 	}
 }

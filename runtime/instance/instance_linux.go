@@ -102,8 +102,15 @@ func Alive(stateDir, id string) bool {
 	if id == "" || strings.ContainsAny(id, "/.") {
 		return false
 	}
-	p := filepath.Join(dir(stateDir), id+".lock")
-	f, err := os.OpenFile(p, os.O_RDWR|unix.O_CLOEXEC, 0)
+	return lockHeld(filepath.Join(dir(stateDir), id+".lock"), true)
+}
+
+// lockHeld reports whether a live process holds the flock on path. When
+// it does not and remove is set, the file is removed while this call
+// holds the lock, so no process can take it in between and be removed.
+// A missing file is not held.
+func lockHeld(path string, remove bool) bool {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return false
 	}
@@ -111,7 +118,9 @@ func Alive(stateDir, id string) bool {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		return errors.Is(err, unix.EWOULDBLOCK)
 	}
-	_ = os.Remove(p)
+	if remove {
+		_ = os.Remove(path)
+	}
 	return false
 }
 

@@ -11,7 +11,7 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 
-import { assertNoLeftovers, auditRecords, airlockCLI, freePort, sleep, startServer, waitFor } from './lib.mjs';
+import { assertNoLeftovers, auditRecords, airlockCLI, consoleConfig, sleep, startServer, waitFor } from './lib.mjs';
 
 const execFileP = promisify(execFile);
 
@@ -209,16 +209,8 @@ describe('audit log that cannot be written', { timeout: 5 * 60_000 }, () => {
 describe('approval through the console and `airlock approvals`', { timeout: 10 * 60_000 }, () => {
   let srv, dir, cfg, auditFile;
   before(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_console_'));
-    auditFile = path.join(dir, 'audit.jsonl');
-    const port = await freePort();
-    const lines = [
-      `approval: {mode: always, timeout: 60s, console: {listen: "127.0.0.1:${port}", token_file: ${JSON.stringify(path.join(dir, 'tokens'))}}}`,
-      `audit: {path: ${JSON.stringify(auditFile)}}`,
-    ];
-    // The CLI reads the same settings the server does.
-    cfg = path.join(dir, 'cli.yaml');
-    await writeFile(cfg, lines.join('\n') + '\n');
+    let lines;
+    ({ dir, lines, cfg, auditFile } = await consoleConfig('airlock_e2e_console_'));
     srv = await startServer('console', lines); // no elicitation: the console is the channel
   });
   after(async () => {

@@ -4,13 +4,13 @@
 // of airlock on one host.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 
-import { RawStdio, STATE_DIR, airlockCLI, auditRecords, freePort, startServer, waitFor } from './lib.mjs';
+import { RawStdio, STATE_DIR, airlockCLI, auditRecords, consoleConfig, startServer, waitFor } from './lib.mjs';
 
 const run = promisify(execFile);
 
@@ -26,15 +26,8 @@ const resultText = (m) => (m.result?.content ?? []).map((c) => c.text ?? '').joi
 describe('approval: only the channel a request went to decides it', { timeout: 5 * 60_000 }, () => {
   let raw, dir, cfg, auditFile;
   before(async () => {
-    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_selfapprove_'));
-    auditFile = path.join(dir, 'audit.jsonl');
-    const port = await freePort();
-    const lines = [
-      `approval: {mode: always, timeout: 60s, console: {listen: "127.0.0.1:${port}", token_file: ${JSON.stringify(path.join(dir, 'tokens'))}}}`,
-      `audit: {path: ${JSON.stringify(auditFile)}}`,
-    ];
-    cfg = path.join(dir, 'cli.yaml');
-    await writeFile(cfg, lines.join('\n') + '\n');
+    let lines;
+    ({ dir, lines, cfg, auditFile } = await consoleConfig('airlock_e2e_selfapprove_'));
     raw = await new RawStdio('self-approval', lines).start(); // no elicitation: the console decides
   });
   after(async () => {
@@ -128,12 +121,8 @@ describe('two deployments on one host', { timeout: 10 * 60_000 }, () => {
     assert.equal(built.code, 0, built.stderr);
   });
   after(async () => {
-    // A leaves as a desktop client lets it: stdin closed, its teardown
-    // waited for (not cut short by the SDK's SIGKILL, issue 15).
-    if (a?.child) {
-      a.child.stdin.end();
-      await Promise.race([a.exited, new Promise((r) => setTimeout(r, 60_000))]);
-    }
+    // A leaves as a desktop client lets it (stdin closed); close() waits
+    // for its guardian's cleanup.
     await a?.close();
     await rm(dirB, { recursive: true, force: true });
     await rm(dirC, { recursive: true, force: true });
@@ -148,12 +137,18 @@ describe('two deployments on one host', { timeout: 10 * 60_000 }, () => {
     const b = await startServer('deployment-b', [...netB, 'pool: {size: 0}'], { stateDir: dirB });
     const rb = await b.shell('echo from-b');
     assert.equal(rb.sc.stdout, 'from-b\n', rb.text);
-    // B's last instance leaves: its daemon, bridge and table go. Its
-    // teardown is waited for, not cut short by the SDK's SIGKILL.
+    // B's last instance leaves: its guardian removes its daemon, bridge
+    // and table.
     b.child.stdin.end();
     const exitB = await Promise.race([b.exited, new Promise((r) => setTimeout(() => r(null), 60_000))]);
     assert.ok(exitB && exitB.code === 0, `B exited: ${JSON.stringify(exitB)}`);
+    assert.ok(await b.cleanedUp(30_000), 'B\'s guardian did not finish');
     await b.close();
+    // Nothing of B stays on the host: not even runsc's state root (and the
+    // empty-netns bind mount runsc keeps in it).
+    const depB = (await readFile(path.join(dirB, 'deployment-id'), 'utf8')).trim();
+    assert.ok(!(await readFile('/proc/mounts', 'utf8')).includes(`/run/airlock/runsc/${depB}`), 'B\'s runsc root is unmounted');
+    await assert.rejects(readdir(`/run/airlock/runsc/${depB}`), 'B\'s runsc root is removed');
 
     // A's session sandbox, bridge and firewall are all still there.
     const again = await a.python('x * 6', { session_id: sid });

@@ -161,13 +161,98 @@ export class Server {
     return wrapping(this, fn);
   }
 
+  /**
+   * Waits for the process to exit and then for its guardian to finish
+   * removing what the instance made; resolves to whether both happened
+   * within ms.
+   */
+  async cleanedUp(ms = 30_000) {
+    return cleanedUp(this.exited, this.instanceId, ms);
+  }
+
   async close() {
     try {
       await this.client?.close();
+      await this.cleanedUp();
     } finally {
       if (this.dir) await rm(this.dir, { recursive: true, force: true });
     }
   }
+}
+
+/**
+ * The pids of the guardians (`airlock guard --instance ID`) of instanceId
+ * that are still running.
+ */
+export async function guardianPids(instanceId) {
+  if (!instanceId) return [];
+  const out = [];
+  for (const d of await readdir('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    let args;
+    try {
+      args = (await readFile(`/proc/${d}/cmdline`, 'utf8')).split('\0');
+    } catch {
+      continue;
+    }
+    const i = args.indexOf('--instance');
+    if (args.includes('guard') && i >= 0 && args[i + 1] === instanceId) out.push(Number(d));
+  }
+  return out;
+}
+
+/** Waits for exited, then for instanceId's guardian to be gone, within ms. */
+async function cleanedUp(exited, instanceId, ms) {
+  const t0 = performance.now();
+  let timer;
+  const exit = await Promise.race([exited, new Promise((r) => { timer = setTimeout(() => r(null), ms); })]);
+  clearTimeout(timer);
+  if (!exit) return false;
+  const left = Math.max(0, ms - (performance.now() - t0));
+  return Boolean(await waitFor(async () => (await guardianPids(instanceId)).length === 0, left, 50));
+}
+
+/**
+ * What of instanceId is left on the host: containers labelled with it (in
+ * the state_dir's containerd, which must be running), network namespaces,
+ * namespace records and IP allocations under stateDir, sandbox cgroups
+ * named after ids, and mounts naming the instance or one of ids.
+ */
+export async function instanceLeftovers(instanceId, ids = [], stateDir = STATE_DIR) {
+  const containers = await ctr('containers', 'ls', '-q', `labels."airlock.instance"==${instanceId}`);
+  const prefix = `airlock-${instanceId}-`;
+  const list = async (dir) => {
+    try {
+      return await readdir(dir);
+    } catch {
+      return [];
+    }
+  };
+  const netns = (await list('/run/netns')).filter((n) => n.startsWith(prefix));
+  const records = (await list(path.join(stateDir, 'netns'))).filter((n) => n.startsWith(prefix));
+  const ips = [];
+  for (const net of await list(path.join(stateDir, 'ipam'))) {
+    for (const f of await list(path.join(stateDir, 'ipam', net))) {
+      try {
+        if ((await readFile(path.join(stateDir, 'ipam', net, f), 'utf8')).includes(prefix)) ips.push(`${net}/${f}`);
+      } catch {
+        // removed as we looked
+      }
+    }
+  }
+  const cgroups = [];
+  const walk = async (dir, depth) => {
+    for (const e of await list(dir)) {
+      if (ids.includes(e)) cgroups.push(path.join(dir, e));
+      else if (depth > 0 && !e.includes('.')) await walk(path.join(dir, e), depth - 1);
+    }
+  };
+  // cgroup v2 has one tree; v1 one per controller.
+  await walk('/sys/fs/cgroup/airlock', 2);
+  for (const c of await list('/sys/fs/cgroup')) await walk(path.join('/sys/fs/cgroup', c, 'airlock'), 2);
+  const mounts = (await readFile('/proc/mounts', 'utf8')).split('\n')
+    .filter((l) => l.includes(prefix) || ids.some((id) => l.includes(id)));
+  return { containers, netns, records, ips, cgroups, mounts };
 }
 
 /** A test body whose failure carries what owner (a Server or Daemon) logged. */
@@ -206,6 +291,26 @@ export async function freePort() {
       srv.close(() => resolve(port));
     });
   });
+}
+
+/**
+ * The settings of a server whose approvals go to its console (on a free
+ * loopback port) with its audit log in a new directory, written also to
+ * a cli.yaml there for `airlock approvals`. Resolves to { dir, lines, cfg,
+ * auditFile }; remove dir when done.
+ */
+export async function consoleConfig(prefix) {
+  const dir = await mkdtemp(path.join(os.tmpdir(), prefix));
+  const auditFile = path.join(dir, 'audit.jsonl');
+  const port = await freePort();
+  const lines = [
+    `approval: {mode: always, timeout: 60s, console: {listen: "127.0.0.1:${port}", token_file: ${JSON.stringify(path.join(dir, 'tokens'))}}}`,
+    `audit: {path: ${JSON.stringify(auditFile)}}`,
+  ];
+  // The CLI reads the same settings the server does.
+  const cfg = path.join(dir, 'cli.yaml');
+  await writeFile(cfg, lines.join('\n') + '\n');
+  return { dir, lines, cfg, auditFile };
 }
 
 /** Reads a JSON Lines audit log; every line must be a whole record. */
@@ -598,6 +703,7 @@ export class RawStdio {
     }, { timeoutMs: BOOT_TIMEOUT_MS });
     if (init.error) throw new Error(`initialize: ${JSON.stringify(init.error)}`);
     this.notify('notifications/initialized', {});
+    this.instanceId = await findInstanceId(this.proc.pid);
     return this;
   }
 
@@ -634,6 +740,7 @@ export class RawStdio {
     const t = setTimeout(() => this.proc?.kill('SIGKILL'), 20_000);
     await this.exited;
     clearTimeout(t);
+    await cleanedUp(this.exited, this.instanceId, 30_000);
     if (this.dir) await rm(this.dir, { recursive: true, force: true });
   }
 }
