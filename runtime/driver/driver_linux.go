@@ -937,11 +937,24 @@ func (d *driver) session(in *Reader) {
 
 // fileOp runs one file operation in a helper process: this same binary,
 // started as the code's user, so that what the code could not read or
-// write, the operation cannot either.
+// write, the operation cannot either. A helper that dies without an
+// answer is started once more: every operation can be repeated (a write
+// replaces the whole file), and one CI run saw a helper's JSON decoder
+// panic on a 12 MiB write that passed in every rerun.
 func (d *driver) fileOp(payload []byte) FileResult {
+	res, answered := d.fileOpOnce(payload)
+	if !answered {
+		res, _ = d.fileOpOnce(payload)
+	}
+	return res
+}
+
+// fileOpOnce runs the helper once; answered is false when it gave no
+// result (it died or wrote something else).
+func (d *driver) fileOpOnce(payload []byte) (res FileResult, answered bool) {
 	inR, inW, err := os.Pipe()
 	if err != nil {
-		return FileResult{Error: err.Error()}
+		return FileResult{Error: err.Error()}, true
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -952,7 +965,7 @@ func (d *driver) fileOp(payload []byte) FileResult {
 	inR.Close()
 	if err != nil {
 		inW.Close()
-		return FileResult{Error: "start the file helper: " + err.Error()}
+		return FileResult{Error: "start the file helper: " + err.Error()}, true
 	}
 	defer c.close()
 	go func() {
@@ -962,14 +975,13 @@ func (d *driver) fileOp(payload []byte) FileResult {
 	out, err := io.ReadAll(io.LimitReader(c.stdout, MaxFrame))
 	pollIn([]int{c.waitFd}, 5*time.Second)
 	if err != nil {
-		return FileResult{Error: "file helper: " + err.Error()}
+		return FileResult{Error: "file helper: " + err.Error()}, false
 	}
-	var res FileResult
 	if err := json.Unmarshal(out, &res); err != nil {
 		msg, _ := io.ReadAll(io.LimitReader(c.stderr, 2048))
-		return FileResult{Error: fmt.Sprintf("file helper failed: %s", strings.TrimSpace(string(msg)))}
+		return FileResult{Error: fmt.Sprintf("file helper failed: %s", strings.TrimSpace(string(msg)))}, false
 	}
-	return res
+	return res, true
 }
 
 // decodeB64 decodes standard base64.
