@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -242,25 +243,57 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 		return nil, fmt.Errorf("initialize airlock over stdio: %w", err)
 	}
 	r := &mcpRunner{c: c, dir: dir, ready: ready}
-	// The server is the instance that registered while it started.
-	for id := range instances(stateDir) {
-		if !before[id] {
+	// The server is the instance that registered while it started and is
+	// held by a serving process (not, say, a guardian sweeping after the
+	// last mode's server).
+	for id, pid := range instances(stateDir) {
+		if _, seen := before[id]; !seen && slices.Contains(cmdline(pid), "serve") {
 			r.instance = id
 		}
+	}
+	if r.instance == "" {
+		c.Close()
+		os.RemoveAll(dir)
+		return nil, errors.New("the stdio server registered no instance")
 	}
 	return r, nil
 }
 
-// instances are the ids of the instance lock files under stateDir.
-func instances(stateDir string) map[string]bool {
-	out := map[string]bool{}
-	entries, _ := os.ReadDir(filepath.Join(stateDir, "instances"))
+// instances maps the ids of the instance lock files under stateDir to the
+// pid each holds.
+func instances(stateDir string) map[string]int {
+	out := map[string]int{}
+	dir := filepath.Join(stateDir, "instances")
+	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
 		if id, ok := strings.CutSuffix(e.Name(), ".lock"); ok {
-			out[id] = true
+			b, _ := os.ReadFile(filepath.Join(dir, e.Name()))
+			out[id], _ = strconv.Atoi(strings.TrimSpace(string(b)))
 		}
 	}
 	return out
+}
+
+// cmdline is the arguments of process pid (nil when it is gone).
+func cmdline(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || pid <= 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// guardianRunning reports whether the guardian of instance id still runs.
+func guardianRunning(id string) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		args := cmdline(pid)
+		if i := slices.Index(args, "--instance"); i >= 0 && i+1 < len(args) && args[i+1] == id && slices.Contains(args, "guard") {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *mcpRunner) Run(ctx context.Context, p Program) (Sample, error) {
@@ -319,7 +352,13 @@ func (r *mcpRunner) Ready(ctx context.Context, n int) error {
 	return r.ready(ctx, r.instance, n)
 }
 
+// Close ends the server and waits (a minute at most) for its guardian to
+// have removed its sandboxes, so that the next mode is measured on a
+// quiet host.
 func (r *mcpRunner) Close() {
 	r.c.Close()
 	os.RemoveAll(r.dir)
+	for deadline := time.Now().Add(time.Minute); guardianRunning(r.instance) && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
 }
