@@ -139,6 +139,16 @@ describe('leaving nothing behind when the client goes away', { timeout: 5 * 60_0
     return { srv, ids };
   }
 
+  /** Runs act, which makes srv leave; resolves to its exit status and the ms from act to the exit. */
+  async function timedExit(srv, act) {
+    let exitedAt = null;
+    srv.exited.then(() => { exitedAt = performance.now(); });
+    const t0 = performance.now();
+    await act();
+    const exit = await srv.exited;
+    return { exit, ms: (exitedAt ?? performance.now()) - t0 };
+  }
+
   const empty = (lo) => Object.values(lo).every((v) => v.length === 0);
 
   /** Asserts nothing of srv's instance is left, waiting at most ms for it. */
@@ -156,12 +166,7 @@ describe('leaving nothing behind when the client goes away', { timeout: 5 * 60_0
   test('closing the SDK transport: the server exits before the SDK\'s SIGTERM and its guardian leaves nothing', async (t) => {
     const { srv, ids } = await busyServer('sdk-close');
     await srv.wrap(async () => {
-      let exitedAt = null;
-      srv.exited.then(() => { exitedAt = performance.now(); });
-      const t0 = performance.now();
-      await srv.client.close();
-      const exit = await srv.exited;
-      const ms = (exitedAt ?? performance.now()) - t0;
+      const { exit, ms } = await timedExit(srv, () => srv.client.close());
       t.diagnostic(`exited ${ms.toFixed(0)} ms after the transport closed: ${JSON.stringify(exit)}`);
       assert.deepEqual(exit, { code: 0, signal: null }, 'exit status');
       // StdioClientTransport.close() sends SIGTERM 2 s after ending stdin.
@@ -176,12 +181,7 @@ describe('leaving nothing behind when the client goes away', { timeout: 5 * 60_0
   test('SIGTERM with no run in flight: the server exits before the SDK\'s SIGKILL and its guardian leaves nothing', async (t) => {
     const { srv, ids } = await busyServer('sigterm');
     await srv.wrap(async () => {
-      let exitedAt = null;
-      srv.exited.then(() => { exitedAt = performance.now(); });
-      const t0 = performance.now();
-      process.kill(srv.pid, 'SIGTERM');
-      const exit = await srv.exited;
-      const ms = (exitedAt ?? performance.now()) - t0;
+      const { exit, ms } = await timedExit(srv, () => process.kill(srv.pid, 'SIGTERM'));
       t.diagnostic(`exited ${ms.toFixed(0)} ms after SIGTERM: ${JSON.stringify(exit)}`);
       assert.deepEqual(exit, { code: 0, signal: null }, 'exit status');
       // The SDK sends SIGKILL 2 s after its SIGTERM.
