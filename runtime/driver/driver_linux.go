@@ -792,15 +792,30 @@ func killAll(pid int) {
 // children go too. Killed processes cannot fork, so a few rounds catch
 // what was forked between a scan and its kill; RLIMIT_NPROC bounds how
 // many there can be.
+//
+// A scan that finds nothing alive is the end only if it found no process
+// that died since the last one: /proc is listed, then each entry read, so
+// a parent that forks and exits between the two is read as a zombie while
+// its child, born after the listing, is not seen at all (a double fork
+// did exactly that under load, and its orphan held the output pipes open
+// for good). A zombie has given its children away before it became one,
+// so a listing taken after it was seen has them.
 func (d *driver) endCall() {
 	self := os.Getpid()
 	keep := map[int]bool{self: true}
 	if d.worker != nil {
 		keep[d.worker.pid] = true
 	}
+	seenDead := map[int]bool{}
 	for round := 0; round < 100; round++ {
-		left := descendants(self, keep)
-		if len(left) == 0 {
+		left, dead := descendants(self, keep)
+		newlyDead := false
+		for _, pid := range dead {
+			if !seenDead[pid] {
+				seenDead[pid], newlyDead = true, true
+			}
+		}
+		if len(left) == 0 && !newlyDead {
 			break
 		}
 		for _, pid := range left {
@@ -815,11 +830,15 @@ func (d *driver) endCall() {
 	// them: it does at the start of its next cell (bootstrap.go).
 }
 
-// descendants lists the live processes below root (a subreaper, so every
-// orphan of its tree is its child), skipping the subtrees' members in
-// keep but not their children, and zombies, which are already dead.
-func descendants(root int, keep map[int]bool) []int {
-	children := map[int][]int{}
+// descendants lists the processes below root (a subreaper, so every
+// orphan of its tree is its child): the live ones, skipping the members
+// of keep but not their children, and the zombies, which are already dead.
+func descendants(root int, keep map[int]bool) (live, zombies []int) {
+	type proc struct {
+		pid    int
+		zombie bool
+	}
+	children := map[int][]proc{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -827,24 +846,28 @@ func descendants(root int, keep map[int]bool) []int {
 			continue
 		}
 		ppid, state, ok := procStat(pid)
-		if !ok || state == 'Z' || state == 'X' {
+		if !ok {
 			continue
 		}
-		children[ppid] = append(children[ppid], pid)
+		children[ppid] = append(children[ppid], proc{pid, state == 'Z' || state == 'X'})
 	}
-	var out []int
 	queue := []int{root}
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
 		for _, c := range children[p] {
-			queue = append(queue, c)
-			if !keep[c] {
-				out = append(out, c)
+			switch {
+			case c.zombie:
+				zombies = append(zombies, c.pid)
+			case keep[c.pid]:
+				queue = append(queue, c.pid)
+			default:
+				queue = append(queue, c.pid)
+				live = append(live, c.pid)
 			}
 		}
 	}
-	return out
+	return live, zombies
 }
 
 // procStat reads a process's parent and state from /proc/PID/stat. The

@@ -134,6 +134,32 @@ func (p *peer) wait() chan struct{} {
 	return p.done
 }
 
+// next is the driver's next frame, or an error if none comes within d.
+// A driver that says nothing is stuck: its goroutines' stacks (SIGQUIT,
+// on the test's stderr) and the processes around it say where.
+func (p *peer) next(d time.Duration) (byte, []byte, error) {
+	type got struct {
+		t   byte
+		p   []byte
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		t, b, err := p.out.Next()
+		ch <- got{t, b, err}
+	}()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case g := <-ch:
+		return g.t, g.p, g.err
+	case <-timer.C:
+		ps, _ := exec.Command("ps", "-eHo", "pid,ppid,pgid,sid,stat,user,args").CombinedOutput()
+		_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+		return 0, nil, fmt.Errorf("no frame from the driver (pid %d) in %v; processes:\n%s", p.cmd.Process.Pid, d, ps)
+	}
+}
+
 // result is everything the driver said about one piece of work.
 type result struct {
 	stdout, stderr string
@@ -152,7 +178,7 @@ func (p *peer) collect() result {
 	p.t.Helper()
 	var r result
 	for {
-		t, payload, err := p.out.Next()
+		t, payload, err := p.next(time.Minute)
 		if err != nil {
 			p.t.Fatalf("driver stream ended: %v (so far %+v)", err, r)
 		}
@@ -340,6 +366,49 @@ func markedProcesses(mark string) []string {
 	return out
 }
 
+// leftBehind lists the live processes below the driver other than its
+// session's interpreter (a session leader running the worker), read once
+// the call has returned, when nothing of the call should be left to race.
+func (p *peer) leftBehind() []string {
+	type proc struct {
+		ppid, sid int
+		state     byte
+		cmdline   string
+	}
+	procs := map[int]proc{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid := atoi(e.Name())
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if pid == 0 || err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		procs[pid] = proc{ppid: atoi(f[1]), sid: atoi(f[3]), state: f[0][0], cmdline: strings.ReplaceAll(string(cmd), "\x00", " ")}
+	}
+	below := func(pid int) bool {
+		for i := 0; i < 64 && pid > 1; i++ {
+			pid = procs[pid].ppid
+			if pid == p.cmd.Process.Pid {
+				return true
+			}
+		}
+		return false
+	}
+	var out []string
+	for pid, pr := range procs {
+		if pr.state == 'Z' || !below(pid) {
+			continue
+		}
+		if pr.ppid == p.cmd.Process.Pid && pr.sid == pid && strings.Contains(pr.cmdline, "_airlock_serve") {
+			continue // the interpreter
+		}
+		out = append(out, fmt.Sprintf("%d (%c): %.80s", pid, pr.state, pr.cmdline))
+	}
+	return out
+}
+
 func atoi(s string) int { n, _ := strconv.Atoi(s); return n }
 
 // At the end of every session call, every process the call started is
@@ -380,6 +449,11 @@ func TestSessionCallLeavesNoProcess(t *testing.T) {
 			}
 			if left := markedProcesses(m); len(left) > 0 {
 				t.Fatalf("after the call, still running: %v", left)
+			}
+			// Also what had not yet become the sleep: a subshell between
+			// its fork and its exec, or a fork of the interpreter.
+			if left := p.leftBehind(); len(left) > 0 {
+				t.Fatalf("after the call, still running below the driver: %v", left)
 			}
 		})
 	}
