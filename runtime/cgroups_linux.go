@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -57,6 +59,25 @@ func RemoveStaleCgroups(ctx context.Context, client *containerd.Client, namespac
 	return n, errors.Join(errs...)
 }
 
+// RemoveDeploymentCgroups removes deployment's parent cgroups
+// (cgroupRoot/*/airlock/<deployment>, or without the * on cgroup v2) once
+// they hold no sandbox's: the deployment's last instance out calls it, so
+// that deployments come and go (a test's, a desktop user's) without
+// leaving empty cgroups behind. One that still holds a sandbox's stays.
+func RemoveDeploymentCgroups(deployment string) error {
+	if deployment == "" {
+		return errors.New("remove deployment cgroups: no deployment id")
+	}
+	v1, _ := filepath.Glob(filepath.Join(cgroupRoot, "*", "airlock", deployment))
+	var errs []error
+	for _, d := range append(v1, filepath.Join(cgroupRoot, "airlock", deployment)) {
+		if err := os.Remove(d); err != nil && !os.IsNotExist(err) && !errors.Is(err, syscall.EBUSY) && !errors.Is(err, syscall.ENOTEMPTY) {
+			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // containerIDs are the ids of every container in namespace, whichever
 // instance owns it.
 func containerIDs(ctx context.Context, client *containerd.Client, namespace string) (map[string]bool, error) {
@@ -98,4 +119,73 @@ func removeCgroup(dir string) error {
 		return fmt.Errorf("remove cgroup %s: %w", dir, err)
 	}
 	return nil
+}
+
+// sandboxCgroupDirs are the directories sandbox id's cgroup may have: one
+// under each named cgroup v1 hierarchy, then the cgroup v2 unified tree's.
+// Only those of the host's cgroup version exist.
+func sandboxCgroupDirs(deployment, id string, v1 ...string) []string {
+	p := CgroupsPath(deployment, id)
+	dirs := make([]string, 0, len(v1)+1)
+	for _, h := range v1 {
+		dirs = append(dirs, filepath.Join(cgroupRoot, h, p))
+	}
+	return append(dirs, filepath.Join(cgroupRoot, p))
+}
+
+// oomKills is how many processes the kernel's OOM killer has killed in
+// sandbox id's memory cgroup (v1 memory.oom_control, v2 memory.events);
+// ok is false where the count cannot be read. The kernel counts a kill
+// before it sends the SIGKILL, so once the sandbox has seen its code die
+// the count is final: unlike containerd's OOM event, it never trails.
+func oomKills(deployment, id string) (n int64, ok bool) {
+	for i, dir := range sandboxCgroupDirs(deployment, id, "memory") {
+		name := "memory.oom_control"
+		if i == 1 {
+			name = "memory.events"
+		}
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			continue
+		}
+		if n, ok := parseOOMKill(b); ok {
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+// parseOOMKill reads the "oom_kill N" line of a memory.oom_control or
+// memory.events file.
+func parseOOMKill(b []byte) (int64, bool) {
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, found := strings.Cut(line, " ")
+		if !found || k != "oom_kill" {
+			continue
+		}
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// setCPUShares sets the host CPU weight of sandbox id's cgroup, where the
+// host has one to set (cgroup v1 cpu.shares, or v2 cpu.weight); best effort.
+func setCPUShares(deployment, id string, shares int) error {
+	dirs := sandboxCgroupDirs(deployment, id, "cpu,cpuacct", "cpu")
+	var errs []error
+	for _, dir := range dirs[:len(dirs)-1] {
+		err := os.WriteFile(filepath.Join(dir, "cpu.shares"), []byte(strconv.Itoa(shares)), 0o644)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	// cgroup v2: weight 1..10000, default 100.
+	weight := max(1, shares*100/cpuSharesNormal)
+	err := os.WriteFile(filepath.Join(dirs[len(dirs)-1], "cpu.weight"), []byte(strconv.Itoa(weight)), 0o644)
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("set cpu weight of sandbox %s: %w", id, errors.Join(append(errs, err)...))
 }

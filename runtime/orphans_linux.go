@@ -38,19 +38,12 @@ func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client
 		id  string
 	}
 	var found []candidate
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || len(b) == 0 {
+	for _, p := range runscProcesses() {
+		ns, id, ok := runscBundle(p.args)
+		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") || runscFlag(p.args, "root") != root {
 			continue
 		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		ns, id, ok := runscBundle(args)
-		if !ok || ns != namespace || !strings.HasPrefix(id, "airlock-") || runscFlag(args, "root") != root {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		found = append(found, candidate{pid, id})
+		found = append(found, candidate{p.pid, id})
 	}
 	if len(found) == 0 {
 		return 0, nil
@@ -83,6 +76,33 @@ func RemoveOrphanSandboxProcesses(ctx context.Context, client *containerd.Client
 		waiting = still
 	}
 	return len(killed), errors.Join(errs...)
+}
+
+// runscProc is a running runsc process (gVisor names them runsc-sandbox,
+// runsc-gofer, or runsc) and its arguments.
+type runscProc struct {
+	pid  int
+	args []string
+}
+
+// runscProcesses lists the runsc processes on this host, of every
+// deployment: callers pick theirs by the --root and --bundle flags.
+func runscProcesses() []runscProc {
+	var out []runscProc
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if !strings.HasPrefix(filepath.Base(args[0]), "runsc") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		out = append(out, runscProc{pid, args})
+	}
+	return out
 }
 
 // runscFlag returns the last value of runsc's flag name in args ("" when
@@ -147,13 +167,8 @@ func RemoveRunscRoot(ctx context.Context, client *containerd.Client, namespace, 
 	if len(ids) > 0 {
 		return false, nil
 	}
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.HasPrefix(filepath.Base(strings.SplitN(string(b), "\x00", 2)[0]), "runsc") {
-			continue
-		}
-		if r := runscFlag(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), "root"); r == root || strings.HasPrefix(r, root+"/") {
+	for _, p := range runscProcesses() {
+		if r := runscFlag(p.args, "root"); r == root || strings.HasPrefix(r, root+"/") {
 			return false, nil
 		}
 	}

@@ -3,9 +3,6 @@ package runtime
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -96,7 +93,7 @@ func (p *Pool) take(ctx context.Context, networked bool, runID string) *sandbox 
 			continue
 		default:
 		}
-		setCPUShares(e.s.id, cpuSharesNormal)
+		p.setCPUShares(e.s.id, cpuSharesNormal)
 		e.s.takenBy(runID)
 		// The run is known by its own id, whatever the sandbox was made as.
 		if _, err := e.s.container.SetLabels(namespaces.WithNamespace(ctx, p.m.o.Namespace), map[string]string{LabelRun: runID, LabelPool: "taken"}); err != nil {
@@ -202,7 +199,7 @@ func (p *Pool) warmOne(networked bool) error {
 	if err != nil {
 		return err
 	}
-	setCPUShares(s.id, cpuSharesIdle)
+	p.setCPUShares(s.id, cpuSharesIdle)
 	h, err := s.waitHello(ctx)
 	if err != nil {
 		// Created but never ready: the sandbox did not start. (A preload
@@ -271,16 +268,10 @@ type errString string
 
 func (e errString) Error() string { return string(e) }
 
-// setCPUShares sets the host CPU weight of sandbox id's cgroup, where the
-// host has one to set (cgroup v1 cpu.shares, or v2 cpu.weight); best effort.
-func setCPUShares(id string, shares int) {
-	for _, dir := range []string{"/sys/fs/cgroup/cpu,cpuacct", "/sys/fs/cgroup/cpu"} {
-		f := filepath.Join(dir, "airlock", id, "cpu.shares")
-		if os.WriteFile(f, []byte(strconv.Itoa(shares)), 0o644) == nil {
-			return
-		}
+// setCPUShares weights sandbox id's host CPU share; a failure costs only
+// fairness, so it is logged, not returned.
+func (p *Pool) setCPUShares(id string, shares int) {
+	if err := setCPUShares(p.m.o.DeploymentID, id, shares); err != nil {
+		p.m.o.Log.Debug("cpu shares", "sandbox", id, "err", err)
 	}
-	// cgroup v2: weight 1..10000, default 100.
-	weight := max(1, shares*100/cpuSharesNormal)
-	_ = os.WriteFile(filepath.Join("/sys/fs/cgroup", "airlock", id, "cpu.weight"), []byte(strconv.Itoa(weight)), 0o644)
 }

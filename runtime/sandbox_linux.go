@@ -317,6 +317,7 @@ func (s *sandbox) run(ctx context.Context, req Request, files map[string][]byte,
 	}
 	stdout := newCappedBuffer(req.Limits.StdoutBytes, tap(req.Output, Stdout))
 	stderr := newCappedBuffer(req.Limits.StderrBytes, tap(req.Output, Stderr))
+	oomBefore, oomCounted := oomKills(s.m.o.DeploymentID, s.id)
 	start := time.Now()
 	go func() {
 		// Fails only when the sandbox is gone, which the loop sees too.
@@ -475,7 +476,7 @@ loop:
 		if werr != nil {
 			return res, infra("sandbox exit status", werr)
 		}
-		if !s.m.waitOOM(s.id, 500*time.Millisecond) {
+		if !s.outOfMemory(oomBefore, oomCounted, 500*time.Millisecond) {
 			return res, infra("sandbox ended unexpectedly", fmt.Errorf("exit %d: %s", code, s.diagText()))
 		}
 		res.ExitCode = int(code)
@@ -485,8 +486,8 @@ loop:
 		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
 		return res, nil
 	}
-	// A kill by signal 9 may be the memory limit; its event can trail the exit.
-	if res.ExitCode == 128+int(syscall.SIGKILL) && s.m.waitOOM(s.id, 300*time.Millisecond) {
+	// A kill by signal 9 may be the memory limit's.
+	if res.ExitCode == 128+int(syscall.SIGKILL) && s.outOfMemory(oomBefore, oomCounted, 300*time.Millisecond) {
 		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
 		return res, nil
 	}
@@ -620,6 +621,22 @@ func (m *ContainerdManager) proxyURL() string {
 		return ""
 	}
 	return fmt.Sprintf("http://%s:%d", m.o.Network.Config().Gateway(), m.o.ProxyPort)
+}
+
+// outOfMemory reports whether the kernel's OOM killer killed something in
+// the sandbox during the run, given its cgroup's kill count when the run
+// began. The count is read at once and is final when read after the code
+// died; containerd's event, which can trail the exit by seconds on a busy
+// host, decides only where the count cannot be read (waiting up to d).
+func (s *sandbox) outOfMemory(before int64, counted bool, d time.Duration) bool {
+	if counted {
+		if after, ok := oomKills(s.m.o.DeploymentID, s.id); ok {
+			// The event, if any, is consumed so it cannot be taken for a
+			// later run's.
+			return s.m.takeOOM(s.id) || after > before
+		}
+	}
+	return s.m.waitOOM(s.id, d)
 }
 
 // waitOOM reports whether containerd said the sandbox ran out of memory,

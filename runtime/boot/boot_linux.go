@@ -138,6 +138,13 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 			log.Warn("remove runsc root", "err", err)
 		}
 	})
+	// The deployment's parent cgroups go last of what sandboxes used: a
+	// sandbox's own cgroup inside one keeps it.
+	s.lastOut = append(s.lastOut, func(context.Context) {
+		if err := runtime.RemoveDeploymentCgroups(s.Deployment); err != nil {
+			log.Warn("remove deployment cgroups", "err", err)
+		}
+	})
 
 	if err := s.prepareNetworkSweep(); err != nil {
 		return s, err
@@ -357,10 +364,11 @@ func (s *Stack) Sweep(ctx context.Context) int {
 
 // prepareNetworkSweep readies the sandbox network's manager, when this
 // deployment offers networked runs, so that sweeps can free dead
-// instances' namespaces and addresses; whichever instance leaves last
-// removes the firewall and bridge the instances share, whatever it came
-// up for.
+// instances' namespaces and addresses. Whichever instance leaves last
+// removes the firewalls and bridges any instance recorded, whatever it
+// came up for itself.
 func (s *Stack) prepareNetworkSweep() error {
+	s.lastOut = append(s.lastOut, func(context.Context) { removeSharedNetworks(s.Config.StateDir, s.log) })
 	if !s.Config.NetworkOffered() {
 		return nil
 	}
@@ -372,15 +380,11 @@ func (s *Stack) prepareNetworkSweep() error {
 	if err != nil {
 		return err
 	}
+	c := nm.Config()
+	if err := recordSharedNetwork(s.Config.StateDir, sharedNetwork{Bridge: c.Bridge, Subnet: c.Subnet.String(), Table: c.Table}); err != nil {
+		return err
+	}
 	s.net = nm
-	s.lastOut = append(s.lastOut, func(context.Context) {
-		if err := nm.RemoveFirewall(); err != nil {
-			s.log.Warn("remove firewall", "err", err)
-		}
-		if err := nm.RemoveBridge(); err != nil {
-			s.log.Warn("remove bridge", "err", err)
-		}
-	})
 	return nil
 }
 
