@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/instance"
 )
 
 // startLong starts a run that prints "up" and then sleeps, and returns once
@@ -115,6 +118,12 @@ func TestContainerdKilledMidRun(t *testing.T) {
 	s := need(t)
 	if s.Daemon == nil {
 		t.Skip("an external containerd is configured; only the embedded one is supervised")
+	}
+	// The embedded containerd is the deployment's: killing it under
+	// another airlock serving on the same state_dir would break that one's
+	// sandboxes, which no test may touch.
+	if others := instance.Others(s.Config.StateDir, s.Instance.ID); len(others) > 0 {
+		t.Skipf("other airlock instances share this state_dir's containerd (%v); not killing it under them", others)
 	}
 	old := s.Daemon.PID()
 	done := startLong(t, s.Manager, runtime.NewRunID())
@@ -266,5 +275,53 @@ func TestRemoveOrphanSandboxProcesses(t *testing.T) {
 		if c.ProcessState != nil || syscall.Kill(c.Process.Pid, 0) != nil {
 			t.Errorf("%s process was killed", name)
 		}
+	}
+}
+
+// A sandbox whose exit wait broke when containerd restarted (its task
+// still running under its shim) is killed and deleted when it is
+// destroyed. A plain Delete of the running task failed, and the sandbox
+// ran on, untracked: another airlock on the host kept two retired pool
+// sandboxes running that way until it exited.
+func TestDestroyAfterContainerdRestart(t *testing.T) {
+	s := need(t)
+	if s.Daemon == nil {
+		t.Skip("an external containerd is configured; only the embedded one is supervised")
+	}
+	if others := instance.Others(s.Config.StateDir, s.Instance.ID); len(others) > 0 {
+		t.Skipf("other airlock instances share this state_dir's containerd (%v); not killing it under them", others)
+	}
+	sess := openSession(t)
+	if r := cell(t, sess, runtime.Python, "x = 1", 20*time.Second); r.ExitCode != 0 {
+		t.Fatalf("first cell: %+v", r)
+	}
+	old := s.Daemon.PID()
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for s.Daemon.PID() == 0 || s.Daemon.PID() == old {
+		if time.Now().After(deadline) {
+			t.Fatal("containerd was not restarted within 60 s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
+	for _, err := s.Client.Version(ctx); err != nil; _, err = s.Client.Version(ctx) {
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd does not answer after its restart: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	sess.Close()
+	s.Manager.WaitTeardowns()
+	// At once, not after the restart's reconcile passes, which would
+	// remove what destroy left and hide it.
+	cs, err := s.Client.Containers(ctx, fmt.Sprintf("labels.%q==%s", runtime.LabelInstance, s.Instance.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		t.Errorf("container %s left behind by its destroy", c.ID())
 	}
 }

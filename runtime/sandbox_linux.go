@@ -216,7 +216,10 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 				s.log().Error("sandbox did not stop after SIGKILL")
 			}
 		}
-		if _, err := task.Delete(cctx); err != nil && !errdefs.IsNotFound(err) {
+		// deleteTask, not Delete: s.exited also closes when the exit wait
+		// broke (containerd restarted) with the sandbox still running, and
+		// a plain Delete of a running task fails and leaks it for good.
+		if err := deleteTask(cctx, task); err != nil {
 			s.log().Error("delete sandbox task", "err", err)
 		}
 		task.IO().Close()
