@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/instance"
 )
 
@@ -116,15 +117,7 @@ func TestSentryKilledMidRun(t *testing.T) {
 // are reconciled away, and service resumes without restarting airlock.
 func TestContainerdKilledMidRun(t *testing.T) {
 	s := need(t)
-	if s.Daemon == nil {
-		t.Skip("an external containerd is configured; only the embedded one is supervised")
-	}
-	// The embedded containerd is the deployment's: killing it under
-	// another airlock serving on the same state_dir would break that one's
-	// sandboxes, which no test may touch.
-	if others := instance.Others(s.Config.StateDir, s.Instance.ID); len(others) > 0 {
-		t.Skipf("other airlock instances share this state_dir's containerd (%v); not killing it under them", others)
-	}
+	needOwnContainerd(t, s)
 	old := s.Daemon.PID()
 	done := startLong(t, s.Manager, runtime.NewRunID())
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
@@ -144,13 +137,7 @@ func TestContainerdKilledMidRun(t *testing.T) {
 	default:
 		t.Fatalf("in-flight call: result %+v, err %v; want completion or ErrRuntimeRestarted", o.res, o.err)
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for s.Daemon.PID() == 0 || s.Daemon.PID() == old {
-		if time.Now().After(deadline) {
-			t.Fatal("containerd was not restarted within 60 s")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitContainerdRestarted(t, s, old)
 	// Service resumes: a call works (retrying while the client reconnects).
 	var last error
 	for i := 0; ; i++ {
@@ -165,7 +152,7 @@ func TestContainerdKilledMidRun(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	// What the dead daemon's runs left is reconciled away.
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		s.Manager.WaitTeardowns()
 		if countContainers(t, s) == 0 {
@@ -285,12 +272,7 @@ func TestRemoveOrphanSandboxProcesses(t *testing.T) {
 // sandboxes running that way until it exited.
 func TestDestroyAfterContainerdRestart(t *testing.T) {
 	s := need(t)
-	if s.Daemon == nil {
-		t.Skip("an external containerd is configured; only the embedded one is supervised")
-	}
-	if others := instance.Others(s.Config.StateDir, s.Instance.ID); len(others) > 0 {
-		t.Skipf("other airlock instances share this state_dir's containerd (%v); not killing it under them", others)
-	}
+	needOwnContainerd(t, s)
 	sess := openSession(t)
 	if r := cell(t, sess, runtime.Python, "x = 1", 20*time.Second); r.ExitCode != 0 {
 		t.Fatalf("first cell: %+v", r)
@@ -299,13 +281,8 @@ func TestDestroyAfterContainerdRestart(t *testing.T) {
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	waitContainerdRestarted(t, s, old)
 	deadline := time.Now().Add(60 * time.Second)
-	for s.Daemon.PID() == 0 || s.Daemon.PID() == old {
-		if time.Now().After(deadline) {
-			t.Fatal("containerd was not restarted within 60 s")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
 	for _, err := s.Client.Version(ctx); err != nil; _, err = s.Client.Version(ctx) {
 		if time.Now().After(deadline) {
@@ -323,5 +300,32 @@ func TestDestroyAfterContainerdRestart(t *testing.T) {
 	}
 	for _, c := range cs {
 		t.Errorf("container %s left behind by its destroy", c.ID())
+	}
+}
+
+// needOwnContainerd skips a test that kills the embedded containerd unless
+// this test's instance is the only one using it: the daemon is the
+// deployment's, and killing it under another airlock serving on the same
+// state_dir would break that one's sandboxes, which no test may touch.
+func needOwnContainerd(t *testing.T, s *boot.Stack) {
+	t.Helper()
+	if s.Daemon == nil {
+		t.Skip("an external containerd is configured; only the embedded one is supervised")
+	}
+	if others := instance.Others(s.Config.StateDir, s.Instance.ID); len(others) > 0 {
+		t.Skipf("other airlock instances share this state_dir's containerd (%v); not killing it under them", others)
+	}
+}
+
+// waitContainerdRestarted waits until the supervisor has replaced the
+// containerd whose pid was old.
+func waitContainerdRestarted(t *testing.T, s *boot.Stack, old int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for s.Daemon.PID() == 0 || s.Daemon.PID() == old {
+		if time.Now().After(deadline) {
+			t.Fatal("containerd was not restarted within 60 s")
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
