@@ -36,6 +36,9 @@ type Daemon struct {
 	dir  string
 	// Address is the daemon's gRPC socket.
 	Address string
+	// seen is the daemon process this handle last knew: Supervise tells
+	// a restart by another instance from a pid that changed.
+	seen int
 }
 
 // Paths of the embedded daemon under state_dir.
@@ -62,11 +65,13 @@ func Acquire(ctx context.Context, o Options) (*Daemon, error) {
 
 	if pid := d.pid(); pid > 0 && ping(ctx, sock) == nil {
 		o.Log.Debug("using running embedded containerd", "pid", pid, "address", sock)
+		d.seen = pid
 		return d, nil
 	}
 	if err := d.start(ctx); err != nil {
 		return nil, err
 	}
+	d.seen = d.pid()
 	return d, nil
 }
 
@@ -138,6 +143,15 @@ func (d *Daemon) Supervise(ctx context.Context, down, up func()) {
 		wait = every
 		if ping(ctx, d.Address) == nil {
 			backoff, silent = time.Second, 0
+			// Another instance sharing the daemon may have restarted it
+			// between two pings: this one's sandboxes lost their exit
+			// waits all the same, and must hear of it.
+			if pid := d.pid(); pid > 0 && pid != d.seen {
+				d.opts.Log.Warn("embedded containerd was restarted by another instance", "pid", pid, "was", d.seen)
+				d.seen = pid
+				down()
+				up()
+			}
 			continue
 		}
 		// A live daemon that is slow to answer is given three tries
@@ -156,6 +170,7 @@ func (d *Daemon) Supervise(ctx context.Context, down, up func()) {
 			continue
 		}
 		backoff, silent = time.Second, 0
+		d.seen = d.pid()
 		up()
 	}
 }

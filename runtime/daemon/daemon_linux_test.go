@@ -9,7 +9,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/airlock-mcp/airlock/runtime/instance"
 )
@@ -151,5 +153,62 @@ func TestConfigIsPrivate(t *testing.T) {
 		if !strings.Contains(c, want) {
 			t.Errorf("config lacks %s:\n%s", want, c)
 		}
+	}
+}
+
+// An instance whose shared daemon another instance restarted between two
+// of its pings hears of it (down, then up) as if it had restarted it
+// itself: its sandboxes' exit waits broke all the same. It used to hear
+// nothing, and kept sandboxes whose teardown then failed.
+func TestSupervisorHearsRestartByAnother(t *testing.T) {
+	needContainerd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	dir := t.TempDir()
+	o := Options{StateDir: dir, Binary: "containerd", Log: slog.Default()}
+	inst, err := instance.Register(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	da, err := Acquire(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inst.Leave(context.Background(), stopper(t, da)) })
+	db, err := Acquire(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := da.pid()
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ProcessAlive(old); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("containerd %d outlived SIGKILL for 10 s", old)
+		}
+	}
+	// a restarts it before b has pinged even once.
+	if err := da.restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := da.pid(); p == 0 || p == old {
+		t.Fatalf("after the restart: pid %d (was %d)", p, old)
+	}
+	var downs, ups atomic.Int32
+	go db.Supervise(ctx, func() { downs.Add(1) }, func() {
+		if downs.Load() == 0 {
+			t.Error("up before down")
+		}
+		ups.Add(1)
+	})
+	for deadline := time.Now().Add(10 * time.Second); ups.Load() == 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b never heard of the restart")
+		}
+	}
+	cancel()
+	if d, u := downs.Load(), ups.Load(); d != 1 || u != 1 {
+		t.Fatalf("b heard down %d, up %d times; want once each", d, u)
 	}
 }
