@@ -133,34 +133,62 @@ func sandboxCgroupDirs(deployment, id string, v1 ...string) []string {
 	return append(dirs, filepath.Join(cgroupRoot, p))
 }
 
-// oomKills is how many processes the kernel's OOM killer has killed in
-// sandbox id's memory cgroup (v1 memory.oom_control, v2 memory.events);
-// ok is false where the count cannot be read. The kernel counts a kill
-// before it sends the SIGKILL, so once the sandbox has seen its code die
-// the count is final: unlike containerd's OOM event, it never trails.
-func oomKills(deployment, id string) (n int64, ok bool) {
-	for i, dir := range sandboxCgroupDirs(deployment, id, "memory") {
-		name := "memory.oom_control"
-		if i == 1 {
-			name = "memory.events"
-		}
-		b, err := os.ReadFile(filepath.Join(dir, name))
-		if err != nil {
-			continue
-		}
-		if n, ok := parseOOMKill(b); ok {
-			return n, true
-		}
-	}
-	return 0, false
+// memoryCounts are two counters of a sandbox's memory cgroup.
+type memoryCounts struct {
+	// Kills is how many processes the kernel's OOM killer has killed
+	// there (v1 memory.oom_control oom_kill, v2 memory.events oom_kill).
+	Kills int64
+	// LimitHits is how many times a charge met the memory limit (v1
+	// memory.failcnt, v2 memory.events max), whether or not a kill
+	// followed: an allocation that failed with ENOMEM moves it too.
+	LimitHits int64
 }
 
-// parseOOMKill reads the "oom_kill N" line of a memory.oom_control or
-// memory.events file.
-func parseOOMKill(b []byte) (int64, bool) {
+// memoryCounters reads sandbox id's memoryCounts; ok is false where the
+// kill count cannot be read. The kernel counts a kill before it sends the
+// SIGKILL, so once the sandbox has seen its code die the counts are final:
+// unlike containerd's OOM event, they never trail.
+func memoryCounters(deployment, id string) (c memoryCounts, ok bool) {
+	dirs := sandboxCgroupDirs(deployment, id, "memory")
+	// cgroup v1: the kills in oom_control, the limit hits in failcnt.
+	if b, err := os.ReadFile(filepath.Join(dirs[0], "memory.oom_control")); err == nil {
+		if c.Kills, ok = parseCounter(b, "oom_kill"); ok {
+			if b, err := os.ReadFile(filepath.Join(dirs[0], "memory.failcnt")); err == nil {
+				c.LimitHits, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			}
+			return c, true
+		}
+	}
+	// cgroup v2: both in memory.events.
+	if b, err := os.ReadFile(filepath.Join(dirs[1], "memory.events")); err == nil {
+		if c.Kills, ok = parseCounter(b, "oom_kill"); ok {
+			c.LimitHits, _ = parseCounter(b, "max")
+			return c, true
+		}
+	}
+	return memoryCounts{}, false
+}
+
+// ranOutOfMemory reports whether a run whose code ended with exit code
+// exit ran out of memory, given the sandbox's memory counts when the run
+// began and ended. A kill by the OOM killer decides; so does code that
+// failed after meeting the limit, since an allocation refused there
+// surfaces as the code's own error (Python's MemoryError, exit 1) rather
+// than as a kill. Code that exits 0 did not run out of memory, whatever
+// it met on the way.
+func ranOutOfMemory(exit int, before, after memoryCounts) bool {
+	if exit == 0 {
+		return false
+	}
+	return after.Kills > before.Kills || after.LimitHits > before.LimitHits
+}
+
+// parseCounter reads the "key N" line of a cgroup file such as
+// memory.oom_control or memory.events.
+func parseCounter(b []byte, key string) (int64, bool) {
 	for _, line := range strings.Split(string(b), "\n") {
 		k, v, found := strings.Cut(line, " ")
-		if !found || k != "oom_kill" {
+		if !found || k != key {
 			continue
 		}
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)

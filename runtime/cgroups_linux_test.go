@@ -14,25 +14,53 @@ import (
 	"time"
 )
 
-func TestParseOOMKill(t *testing.T) {
+func TestParseCounter(t *testing.T) {
 	cases := []struct {
-		name, file string
-		want       int64
-		ok         bool
+		name, file, key string
+		want            int64
+		ok              bool
 	}{
-		{"v1 oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", 3, true},
-		{"v2 memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n", 1, true},
-		{"none yet", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n", 0, true},
+		{"v1 oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill", 3, true},
+		{"v2 memory.events kills", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\noom_group_kill 0\n", "oom_kill", 1, true},
+		{"v2 memory.events limit hits", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n", "max", 12, true},
+		{"none yet", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n", "oom_kill", 0, true},
 		// An old kernel's oom_control has no count: the event decides.
-		{"no count", "oom_kill_disable 0\nunder_oom 0\n", 0, false},
-		{"oom is not oom_kill", "oom 4\n", 0, false},
-		{"garbage", "oom_kill x\n", 0, false},
+		{"no count", "oom_kill_disable 0\nunder_oom 0\n", "oom_kill", 0, false},
+		{"oom is not oom_kill", "oom 4\n", "oom_kill", 0, false},
+		{"garbage", "oom_kill x\n", "oom_kill", 0, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			n, ok := parseOOMKill([]byte(c.file))
+			n, ok := parseCounter([]byte(c.file), c.key)
 			if n != c.want || ok != c.ok {
-				t.Errorf("parseOOMKill = %d, %v; want %d, %v", n, ok, c.want, c.ok)
+				t.Errorf("parseCounter(%q) = %d, %v; want %d, %v", c.key, n, ok, c.want, c.ok)
+			}
+		})
+	}
+}
+
+func TestRanOutOfMemory(t *testing.T) {
+	before := memoryCounts{Kills: 2, LimitHits: 10}
+	cases := []struct {
+		name  string
+		exit  int
+		after memoryCounts
+		want  bool
+	}{
+		{"killed by the OOM killer", 137, memoryCounts{3, 11}, true},
+		// The seen flake: an allocation refused at the limit, Python's
+		// MemoryError, exit 1 and no kill.
+		{"MemoryError at the limit", 1, memoryCounts{2, 14}, true},
+		{"another process killed, the code failed", 1, memoryCounts{3, 10}, true},
+		{"a plain failure", 1, memoryCounts{2, 10}, false},
+		{"a plain kill by signal 9", 137, memoryCounts{2, 10}, false},
+		{"met the limit and recovered", 0, memoryCounts{2, 30}, false},
+		{"exit 0 after a kill of another process", 0, memoryCounts{3, 11}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ranOutOfMemory(c.exit, before, c.after); got != c.want {
+				t.Errorf("ranOutOfMemory(%d, %+v, %+v) = %v, want %v", c.exit, before, c.after, got, c.want)
 			}
 		})
 	}
@@ -85,12 +113,12 @@ func testCgroup(t *testing.T) (deployment, id, dir string) {
 	return deployment, id, dirs[0]
 }
 
-// The OOM count is read from the cgroup a sandbox of that deployment and
-// id really has: a process there that outgrows the limit is counted.
-func TestOOMKillsCountsTheSandboxCgroup(t *testing.T) {
+// The memory counts are read from the cgroup a sandbox of that deployment
+// and id really has: a process there that outgrows the limit is counted.
+func TestMemoryCountersReadTheSandboxCgroup(t *testing.T) {
 	deployment, id, dir := testCgroup(t)
-	if n, ok := oomKills(deployment, id); !ok || n != 0 {
-		t.Fatalf("before: oomKills = %d, %v; want 0, true", n, ok)
+	if c, ok := memoryCounters(deployment, id); !ok || c != (memoryCounts{}) {
+		t.Fatalf("before: memoryCounters = %+v, %v; want zero, true", c, ok)
 	}
 	limit := map[string]string{"memory.limit_in_bytes": "33554432", "memory.max": "33554432", "memory.swap.max": "0"}
 	set := 0
@@ -124,8 +152,8 @@ func TestOOMKillsCountsTheSandboxCgroup(t *testing.T) {
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("the shell ended with %v; want killed by the OOM killer", err)
 	}
-	if n, ok := oomKills(deployment, id); !ok || n < 1 {
-		t.Fatalf("after: oomKills = %d, %v; want at least 1", n, ok)
+	if c, ok := memoryCounters(deployment, id); !ok || c.Kills < 1 || c.LimitHits < 1 {
+		t.Fatalf("after: memoryCounters = %+v, %v; want a kill and a limit hit", c, ok)
 	}
 }
 

@@ -320,7 +320,7 @@ func (s *sandbox) run(ctx context.Context, req Request, files map[string][]byte,
 	}
 	stdout := newCappedBuffer(req.Limits.StdoutBytes, tap(req.Output, Stdout))
 	stderr := newCappedBuffer(req.Limits.StderrBytes, tap(req.Output, Stderr))
-	oomBefore, oomCounted := oomKills(s.m.o.DeploymentID, s.id)
+	memBefore, memCounted := memoryCounters(s.m.o.DeploymentID, s.id)
 	start := time.Now()
 	go func() {
 		// Fails only when the sandbox is gone, which the loop sees too.
@@ -479,18 +479,19 @@ loop:
 		if werr != nil {
 			return res, infra("sandbox exit status", werr)
 		}
-		if !s.outOfMemory(oomBefore, oomCounted, 500*time.Millisecond) {
-			return res, infra("sandbox ended unexpectedly", fmt.Errorf("exit %d: %s", code, s.diagText()))
-		}
 		res.ExitCode = int(code)
 		if res.ExitCode == 0 {
 			res.ExitCode = 128 + int(syscall.SIGKILL)
 		}
+		if !s.outOfMemory(res.ExitCode, memBefore, memCounted, 500*time.Millisecond) {
+			return res, infra("sandbox ended unexpectedly", fmt.Errorf("exit %d: %s", code, s.diagText()))
+		}
 		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
 		return res, nil
 	}
-	// A kill by signal 9 may be the memory limit's.
-	if res.ExitCode == 128+int(syscall.SIGKILL) && s.outOfMemory(oomBefore, oomCounted, 300*time.Millisecond) {
+	// A failure may be the memory limit's: a kill by signal 9, or an
+	// allocation refused at the limit.
+	if res.ExitCode != 0 && s.outOfMemory(res.ExitCode, memBefore, memCounted, 300*time.Millisecond) {
 		res.OOMKilled, res.Reason = true, ReasonOutOfMemory
 		return res, nil
 	}
@@ -626,18 +627,22 @@ func (m *ContainerdManager) proxyURL() string {
 	return fmt.Sprintf("http://%s:%d", m.o.Network.Config().Gateway(), m.o.ProxyPort)
 }
 
-// outOfMemory reports whether the kernel's OOM killer killed something in
-// the sandbox during the run, given its cgroup's kill count when the run
-// began. The count is read at once and is final when read after the code
-// died; containerd's event, which can trail the exit by seconds on a busy
-// host, decides only where the count cannot be read (waiting up to d).
-func (s *sandbox) outOfMemory(before int64, counted bool, d time.Duration) bool {
+// outOfMemory reports whether a run whose code ended with exit code exit
+// ran out of memory, given its sandbox's memory counts when it began (see
+// ranOutOfMemory). The counts are read at once and are final when read
+// after the code died; containerd's event, which can trail the exit by
+// seconds on a busy host, decides only where they cannot be read, and is
+// waited for (up to d) only after a kill by signal 9.
+func (s *sandbox) outOfMemory(exit int, before memoryCounts, counted bool, d time.Duration) bool {
 	if counted {
-		if after, ok := oomKills(s.m.o.DeploymentID, s.id); ok {
+		if after, ok := memoryCounters(s.m.o.DeploymentID, s.id); ok {
 			// The event, if any, is consumed so it cannot be taken for a
 			// later run's.
-			return s.m.takeOOM(s.id) || after > before
+			return s.m.takeOOM(s.id) || ranOutOfMemory(exit, before, after)
 		}
+	}
+	if exit != 128+int(syscall.SIGKILL) {
+		return s.m.takeOOM(s.id)
 	}
 	return s.m.waitOOM(s.id, d)
 }

@@ -70,6 +70,7 @@ describe(`soak: ${RUNS} runs from ${CLIENTS} clients`, { timeout: 40 * 60_000 },
 
       const want = {};
       const got = {};
+      const mismatched = [];
       let next = 0;
       const t0 = Date.now();
       await Promise.all(clients.map(async (c) => {
@@ -84,11 +85,17 @@ describe(`soak: ${RUNS} runs from ${CLIENTS} clients`, { timeout: 40 * 60_000 },
               : r.sc.reason === 'out_of_memory' ? 'out_of_memory'
                 : r.sc.exit_code === 0 ? 'ok' : 'failed';
           got[kind] = (got[kind] ?? 0) + 1;
+          if (kind !== p.kind) {
+            // The whole result, so a flake says what the call really got.
+            const { stdout, stderr, ...rest } = r.sc ?? {};
+            mismatched.push({ call: n, want: p.kind, got: kind, ...rest, stdout: stdout?.slice(-300), stderr: stderr?.slice(-1000) });
+          }
           if (p.flood) assert.equal(r.sc?.stdout_truncated, true, 'the flood is cut at the cap');
         }
       }));
       t.diagnostic(`${RUNS} calls in ${((Date.now() - t0) / 1000).toFixed(0)} s: ${JSON.stringify(got)}`);
-      assert.deepEqual(got, want, 'every call got the result its program should');
+      for (const m of mismatched) t.diagnostic(`mismatch: ${JSON.stringify(m)}`);
+      assert.deepEqual(got, want, `every call got the result its program should; mismatched: ${JSON.stringify(mismatched.slice(0, 5))}`);
 
       // Settle: teardowns finish, the pool refills.
       await sleep(10_000);
