@@ -16,8 +16,9 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
+	"github.com/airlock-mcp/airlock/backend/local"
+	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/runtime"
-	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/image"
 )
 
@@ -239,12 +240,12 @@ func newRunner(ctx context.Context, s *boot.Stack, mode, rootfs string, maxC int
 		if err != nil {
 			return nil, err
 		}
-		fifo := runtime.FIFODir(s.Config.StateDir, s.Instance.ID)
+		fifo := local.FIFODir(s.Config.StateDir, s.Instance.ID)
 		if err := os.MkdirAll(fifo, 0o700); err != nil {
 			return nil, err
 		}
 		return &runcRunner{client: s.Client, namespace: s.Config.Containerd.Namespace, image: img,
-			limits: boot.RunLimits(s.Config.Limits, 0), fifoDir: fifo, instance: s.Instance.ID}, nil
+			limits: s.Config.Limits.RunLimits(0), fifoDir: fifo, instance: s.Instance.ID}, nil
 	case ModeCold, ModeWarm:
 		pool := 0
 		if mode == ModeWarm {
@@ -290,7 +291,7 @@ func newRunner(ctx context.Context, s *boot.Stack, mode, rootfs string, maxC int
 }
 
 // newManager starts a sandbox manager of its own on the stack's containerd.
-func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, preload []string) (*runtime.ContainerdManager, runtime.Limits, error) {
+func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, preload []string) (*local.ContainerdManager, runtime.Limits, error) {
 	nctx := namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace)
 	img, err := s.Client.GetImage(nctx, s.Config.Image)
 	if err != nil {
@@ -300,11 +301,11 @@ func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, prelo
 	if err != nil {
 		return nil, runtime.Limits{}, err
 	}
-	lim := boot.RunLimits(s.Config.Limits, 0)
+	lim := s.Config.Limits.RunLimits(0)
 	o.Shim = s.Shim
 	o.Concurrency, o.Queue, o.QueueWait = concurrency, concurrency, time.Minute
 	o.PoolSize, o.PoolLimits, o.PoolMaxIdle, o.PoolPreload = pool, lim, time.Hour, preload
-	m, err := runtime.NewContainerd(nctx, o)
+	m, err := local.NewContainerd(nctx, o)
 	return m, lim, err
 }
 

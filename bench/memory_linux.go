@@ -12,8 +12,8 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	"github.com/airlock-mcp/airlock/runtime"
-	"github.com/airlock-mcp/airlock/runtime/boot"
+	"github.com/airlock-mcp/airlock/backend/local"
+	"github.com/airlock-mcp/airlock/backend/local/boot"
 )
 
 // Memory is what idle pooled sandboxes cost the host.
@@ -63,7 +63,7 @@ func measureIdle(ctx context.Context, s *boot.Stack, n int, preload []string) (M
 // idleIDs are the container ids of an instance's idle pooled sandboxes.
 func idleIDs(ctx context.Context, s *boot.Stack, instance string) ([]string, error) {
 	ctx = namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace)
-	cs, err := s.Client.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==idle`, runtime.LabelInstance, instance, runtime.LabelPool))
+	cs, err := s.Client.Containers(ctx, fmt.Sprintf(`labels."%s"==%s,labels."%s"==idle`, local.LabelInstance, instance, local.LabelPool))
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +78,7 @@ func idleIDs(ctx context.Context, s *boot.Stack, instance string) ([]string, err
 // waiting in its pool: serving a run, or being torn down.
 func takenIDs(ctx context.Context, s *boot.Stack, instance string) ([]string, error) {
 	ctx = namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace)
-	cs, err := s.Client.Containers(ctx, fmt.Sprintf(`labels."%s"==%s`, runtime.LabelInstance, instance))
+	cs, err := s.Client.Containers(ctx, fmt.Sprintf(`labels."%s"==%s`, local.LabelInstance, instance))
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func takenIDs(ctx context.Context, s *boot.Stack, instance string) ([]string, er
 		if err != nil {
 			continue
 		}
-		if p := labels[runtime.LabelPool]; p != "idle" && p != "warming" {
+		if p := labels[local.LabelPool]; p != "idle" && p != "warming" {
 			ids = append(ids, c.ID())
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/mark3labs/mcp-go/client"
 	"github.com/mark3labs/mcp-go/mcp"
 
+	"github.com/airlock-mcp/airlock/backend/local"
 	"github.com/airlock-mcp/airlock/runtime"
 )
 
@@ -99,7 +100,7 @@ func (n *native) Close()                           {}
 
 // manager runs through airlock's runtime: cold (no pool) or warm.
 type manager struct {
-	m      *runtime.ContainerdManager
+	m      *local.ContainerdManager
 	limits runtime.Limits
 }
 
@@ -154,7 +155,7 @@ func (r *runcRunner) Run(ctx context.Context, p Program) (Sample, error) {
 	if p.Lang == "shell" {
 		argv = []string{"/bin/bash", "-c", p.Code}
 	}
-	spec, err := runtime.Spec(runtime.SpecPolicy{UID: 1000, GID: 1000, Limits: r.limits, Env: sandboxEnv(), CgroupsPath: "/airlock/" + id})
+	spec, err := local.Spec(local.SpecPolicy{UID: 1000, GID: 1000, Limits: r.limits, Env: sandboxEnv(), CgroupsPath: "/airlock/" + id})
 	if err != nil {
 		return Sample{}, err
 	}
@@ -164,11 +165,11 @@ func (r *runcRunner) Run(ctx context.Context, p Program) (Sample, error) {
 	spec.Process.Capabilities.Bounding = []string{}
 	spec.Process.Capabilities.Effective = []string{}
 	spec.Process.Capabilities.Permitted = []string{}
-	labels := map[string]string{runtime.LabelInstance: r.instance}
+	labels := map[string]string{local.LabelInstance: r.instance}
 	start := time.Now()
 	c, err := r.client.NewContainer(ctx, id,
 		containerd.WithImage(r.image),
-		containerd.WithSnapshotter(runtime.Snapshotter),
+		containerd.WithSnapshotter(local.Snapshotter),
 		containerd.WithNewSnapshot(id, r.image, snapshots.WithLabels(labels)),
 		containerd.WithRuntime("io.containerd.runc.v2", nil),
 		containerd.WithSpec(spec),

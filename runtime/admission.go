@@ -61,3 +61,6 @@ func (a *Admission) InUse() int { return len(a.slots) }
 
 // Waiting is the number of runs waiting for a slot.
 func (a *Admission) Waiting() int { return int(a.waiting.Load()) }
+
+// Slots is how many runs may hold a slot at once.
+func (a *Admission) Slots() int { return cap(a.slots) }

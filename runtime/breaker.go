@@ -54,7 +54,7 @@ func (e *CircuitOpenError) Error() string {
 
 // Allow asks to create a sandbox. When it may, done must be called with
 // the outcome: nil for success, the error of an infrastructure failure, or
-// errNotCounted when the attempt says nothing of the runtime's health (its
+// ErrNotCounted when the attempt says nothing of the runtime's health (its
 // caller gave up).
 func (b *Breaker) Allow() (done func(error), err error) {
 	if b == nil || b.o.Failures <= 0 {
@@ -74,9 +74,9 @@ func (b *Breaker) Allow() (done func(error), err error) {
 	return func(err error) { once.Do(func() { b.report(probe, err) }) }, nil
 }
 
-// errNotCounted tells done that the attempt says nothing of the runtime's
+// ErrNotCounted tells done that the attempt says nothing of the runtime's
 // health (the caller gave up): a probe is released, nothing is counted.
-var errNotCounted = fmt.Errorf("not counted")
+var ErrNotCounted = fmt.Errorf("not counted")
 
 func (b *Breaker) report(probe bool, err error) {
 	b.mu.Lock()
@@ -85,7 +85,7 @@ func (b *Breaker) report(probe bool, err error) {
 		b.probing = false
 	}
 	switch {
-	case err == errNotCounted:
+	case err == ErrNotCounted:
 	case err == nil:
 		// Creation works: the breaker closes and forgets.
 		b.open, b.failures, b.reason = false, b.failures[:0], ""

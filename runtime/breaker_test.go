@@ -63,7 +63,7 @@ func TestBreaker(t *testing.T) {
 	t.Run("uncounted outcomes do not count", func(t *testing.T) {
 		b := newTestBreaker(c)
 		for i := 0; i < 10; i++ {
-			if !attempt(t, b, errNotCounted) {
+			if !attempt(t, b, ErrNotCounted) {
 				t.Fatalf("attempt %d refused", i)
 			}
 		}
@@ -108,7 +108,7 @@ func TestBreaker(t *testing.T) {
 			attempt(t, b, boom)
 		}
 		c.advance(31 * time.Second)
-		attempt(t, b, errNotCounted)
+		attempt(t, b, ErrNotCounted)
 		if !attempt(t, b, nil) {
 			t.Fatal("after an abandoned probe the next call was not let through as a probe")
 		}

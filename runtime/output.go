@@ -9,10 +9,10 @@ import (
 // model) sees that something was dropped.
 const TruncationMarker = "\n[airlock: output truncated at %d bytes; the rest was dropped]\n"
 
-// cappedBuffer keeps the first max bytes written to it and silently drops the
+// CappedBuffer keeps the first max bytes written to it and silently drops the
 // rest. Write never fails and never blocks, so a flooding sandbox can neither
 // stall its pipe nor grow the server's memory past max.
-type cappedBuffer struct {
+type CappedBuffer struct {
 	mu        sync.Mutex
 	buf       bytes.Buffer
 	max       int
@@ -20,14 +20,14 @@ type cappedBuffer struct {
 	tap       func([]byte)
 }
 
-// newCappedBuffer keeps max bytes; tap, when set, also sees each kept chunk
+// NewCappedBuffer keeps max bytes; tap, when set, also sees each kept chunk
 // as it arrives (for streaming progress). tap must not block.
-func newCappedBuffer(max int, tap func([]byte)) *cappedBuffer {
-	return &cappedBuffer{max: max, tap: tap}
+func NewCappedBuffer(max int, tap func([]byte)) *CappedBuffer {
+	return &CappedBuffer{max: max, tap: tap}
 }
 
-// tap adapts a request's output callback to one stream.
-func tap(out func(Stream, []byte), s Stream) func([]byte) {
+// OutputTap adapts a request's output callback to one stream.
+func OutputTap(out func(Stream, []byte), s Stream) func([]byte) {
 	if out == nil {
 		return nil
 	}
@@ -35,7 +35,7 @@ func tap(out func(Stream, []byte), s Stream) func([]byte) {
 }
 
 // Write implements io.Writer; it reports len(p) so io.Copy keeps draining.
-func (c *cappedBuffer) Write(p []byte) (int, error) {
+func (c *CappedBuffer) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	room := c.max - c.buf.Len()
@@ -52,7 +52,7 @@ func (c *cappedBuffer) Write(p []byte) (int, error) {
 }
 
 // Result returns the kept bytes and whether anything was dropped.
-func (c *cappedBuffer) Result() (string, bool) {
+func (c *CappedBuffer) Result() (string, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.buf.String(), c.truncated

@@ -20,7 +20,7 @@ func TestCappedBuffer(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			b := newCappedBuffer(c.max, nil)
+			b := NewCappedBuffer(c.max, nil)
 			for _, w := range c.writes {
 				n, err := b.Write([]byte(w))
 				if n != len(w) || err != nil {
@@ -36,7 +36,7 @@ func TestCappedBuffer(t *testing.T) {
 }
 
 func TestCappedBufferBoundsMemory(t *testing.T) {
-	b := newCappedBuffer(1024, nil)
+	b := NewCappedBuffer(1024, nil)
 	chunk := []byte(strings.Repeat("x", 64<<10))
 	for i := 0; i < 256; i++ { // 16 MiB written
 		_, _ = b.Write(chunk)
@@ -62,7 +62,7 @@ func TestBuildEnvIsAllowListOnly(t *testing.T) {
 
 func TestCappedBufferTapSeesOnlyKept(t *testing.T) {
 	var seen []byte
-	b := newCappedBuffer(5, func(p []byte) { seen = append(seen, p...) })
+	b := NewCappedBuffer(5, func(p []byte) { seen = append(seen, p...) })
 	_, _ = b.Write([]byte("abc"))
 	_, _ = b.Write([]byte("defgh"))
 	_, _ = b.Write([]byte("ij"))

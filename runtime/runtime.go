@@ -1,5 +1,9 @@
-// Package runtime runs untrusted code in single-use gVisor sandboxes through
-// containerd. It is a plain Go library: it knows nothing of MCP.
+// Package runtime is the backend-neutral face of airlock's sandboxes: the
+// Manager and Session interfaces, Request, Result and Limits, admission,
+// the circuit breaker and the sandbox policy both backends build from.
+// The backends (backend/local: containerd on this host; a Kubernetes one)
+// implement it. It is a plain Go library: it knows nothing of MCP,
+// containerd or Kubernetes.
 package runtime
 
 import (
@@ -157,6 +161,11 @@ var ErrSessionBusy = errors.New("the session is busy with another call")
 // ErrSessionClosed is returned for a session that has ended.
 var ErrSessionClosed = errors.New("the session has ended")
 
+// ErrRuntimeRestarted is wrapped in the error of a run that failed while
+// the backend's sandbox runtime (containerd locally) was down and being
+// restarted.
+var ErrRuntimeRestarted = errors.New("the sandbox runtime (containerd) went away during the call")
+
 // ErrBusy is returned when the concurrency limit is reached.
 var ErrBusy = errors.New("all sandboxes are busy")
 
@@ -170,7 +179,8 @@ type InfraError struct {
 func (e *InfraError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
 func (e *InfraError) Unwrap() error { return e.Err }
 
-func infra(op string, err error) error { return &InfraError{Op: op, Err: err} }
+// Infra wraps err as an InfraError of operation op.
+func Infra(op string, err error) error { return &InfraError{Op: op, Err: err} }
 
 // NewRunID returns a random run id.
 func NewRunID() string {

@@ -37,7 +37,7 @@ step "sandbox image"
 
 step "go test"
 # One package at a time: they share the embedded containerd, the image and
-# the host firewall, and the runtime package kills and restarts containerd.
+# the host firewall, and backend/local kills and restarts containerd.
 go test -p 1 -count=1 -timeout 30m ./...
 
 step "fuzz targets (a short run each; the seed corpora also replay in go test)"

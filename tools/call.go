@@ -111,7 +111,7 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	} else if pol, grants, err = h.EgressFor(args); err != nil {
 		return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
 	}
-	limits := RuntimeLimits(h.Limits, args.Timeout)
+	limits := h.Limits.RunLimits(args.Timeout)
 	areq := approval.Request{
 		Tool:    c.tool,
 		Code:    args.Code,

@@ -22,7 +22,6 @@ import (
 	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
-	"github.com/airlock-mcp/airlock/runtime/boot"
 	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
@@ -211,10 +210,6 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 		mcp.WithOpenWorldHintAnnotation(h.Egress != nil),
 	)...)
 }
-
-// RuntimeLimits turns configured limits (and a call's timeout, 0 for the
-// default) into the runtime's.
-func RuntimeLimits(l config.Limits, timeoutS int) runtime.Limits { return boot.RunLimits(l, timeoutS) }
 
 // circuitResult answers a call refused because the circuit breaker is open.
 func circuitResult(e *runtime.CircuitOpenError) *mcp.CallToolResult {

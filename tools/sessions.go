@@ -272,7 +272,7 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 	}
 	id := "s" + runtime.NewRunID()
 	sm := h.Manager.(runtime.SessionManager)
-	sess, err := sm.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: RuntimeLimits(h.Limits, 0), Egress: pol})
+	sess, err := sm.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: h.Limits.RunLimits(0), Egress: pol})
 	if err != nil {
 		var ie *runtime.InfraError
 		var co *runtime.CircuitOpenError

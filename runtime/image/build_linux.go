@@ -17,13 +17,12 @@ import (
 	"github.com/containerd/platforms"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
-	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/flock"
 )
 
-// Snapshotter is the snapshotter images are unpacked for: the sandboxes'
-// own, or containerd unpacks again at the first run.
-const Snapshotter = runtime.Snapshotter
+// Snapshotter is the snapshotter images are unpacked for: the one the
+// sandboxes use, or containerd unpacks again at the first run.
+const Snapshotter = "overlayfs"
 
 // LocalPrefix marks references that exist only where they were built:
 // Ensure never tries to pull them.

@@ -16,8 +16,8 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	"github.com/airlock-mcp/airlock/runtime/daemon"
-	"github.com/airlock-mcp/airlock/runtime/instance"
+	"github.com/airlock-mcp/airlock/backend/local/daemon"
+	"github.com/airlock-mcp/airlock/backend/local/instance"
 )
 
 func TestRecipeHash(t *testing.T) {

@@ -60,7 +60,7 @@ type Config struct {
 	// garbage-collectable. Required.
 	StateDir string
 	// InstanceID is the airlock process owning the attachments (see
-	// runtime/instance); it is part of every netns name. Required by Attach.
+	// backend/local/instance); it is part of every netns name. Required by Attach.
 	InstanceID string
 	// Table names airlock's nftables tables ("inet <Table>" and
 	// "bridge <Table>"). Default "airlock"; tests use their own.

@@ -1,0 +1,664 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/namespaces"
+	"github.com/containerd/errdefs"
+
+	"github.com/airlock-mcp/airlock/metrics"
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/driver"
+	"github.com/airlock-mcp/airlock/runtime/network"
+)
+
+// sandbox is one gVisor sandbox whose init is the driver: created, started
+// and (for the pool) warmed ahead of its run, used once, destroyed.
+type sandbox struct {
+	m         *ContainerdManager
+	id        string // container and snapshot id: "airlock-" + sid
+	sid       string
+	container containerd.Container
+	task      containerd.Task
+	exited    chan struct{} // closed when the task has exited; status then set
+	status    containerd.ExitStatus
+	stdin     *io.PipeWriter
+	stdout    *io.PipeWriter
+	diag      *runtime.CappedBuffer // the driver's own stderr
+	att       *network.Attachment
+	// logp is the sandbox's logger; a pooled sandbox's gains the run id
+	// when a run takes it, so every line of a run names it.
+	logp atomic.Pointer[slog.Logger]
+
+	hello  chan driver.Hello
+	frames chan frame
+	gone   chan struct{} // closed when the frame stream ends
+
+	mu        sync.Mutex
+	cleanups  []func(context.Context)
+	destroyed bool
+	sendMu    sync.Mutex
+
+	// created and steps time the making of the sandbox, for Trace.
+	created time.Time
+	steps   map[string]float64
+	// pooled says the sandbox is made ahead for the warm pool.
+	pooled bool
+}
+
+// step records how long the making of the sandbox has taken so far.
+func (s *sandbox) step(name string) {
+	s.steps[name] = float64(time.Since(s.created).Microseconds()) / 1000
+}
+
+type frame struct {
+	t byte
+	p []byte
+}
+
+// create makes and starts a sandbox with id "airlock-"+sid. A networked one
+// is attached to its network namespace before it starts (runsc reads the
+// namespace once). On error, everything acquired is released.
+func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits) (_ *sandbox, err error) {
+	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
+	done, err := m.breaker.Allow()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		// Only the runtime's own failures count: not a caller who gave up.
+		switch {
+		case err == nil:
+			done(nil)
+		case ctx.Err() != nil:
+			done(runtime.ErrNotCounted)
+		default:
+			done(err)
+		}
+	}()
+	id := "airlock-" + sid
+	s := &sandbox{m: m, id: id, sid: sid,
+		hello: make(chan driver.Hello, 1), frames: make(chan frame, 256), gone: make(chan struct{}), exited: make(chan struct{}),
+		created: time.Now(), steps: map[string]float64{}, pooled: preload}
+	lg := m.o.Log.With("sandbox", id)
+	if !preload {
+		lg = lg.With("run", sid)
+	}
+	s.logp.Store(lg)
+	// Tracked until the very end of its teardown: a sandbox whose teardown
+	// failed (containerd down) is then found and removed by reconcile.
+	m.track(s)
+	s.onDestroy(func(context.Context) { m.untrack(s) })
+	defer func() {
+		// Whatever was acquired goes, in reverse order.
+		if err != nil {
+			s.destroy()
+		}
+	}()
+	policy := SpecPolicy{UID: m.o.UID, GID: m.o.GID, Preload: preload, PreloadModules: m.o.PoolPreload, Limits: lim, CgroupsPath: CgroupsPath(m.o.DeploymentID, id)}
+	// No shim grouping (io.containerd.runc.v2.group), though it would save
+	// a shim process per sandbox: with runsc under it, deleted sandboxes
+	// left their cgroups behind, and a create could reach a group's shim
+	// as it exited.
+	runtimeOpts := m.runtimeOpts
+	var proxyEnv map[string]string
+	if networked {
+		att, err := m.o.Network.Attach(ctx, sid)
+		if err != nil {
+			return nil, runtime.Infra("attach sandbox network", err)
+		}
+		s.att = att
+		s.onDestroy(func(cctx context.Context) {
+			if err := m.o.Network.Detach(cctx, att); err != nil {
+				s.log().Error("detach sandbox network", "err", err)
+			}
+		})
+		policy.NetNSPath = att.NetNSPath
+		proxyEnv = runtime.ProxyEnv(m.proxyURL(), len(m.o.CABundle) > 0)
+		runtimeOpts = m.netOpts
+	}
+	policy.Env = runtime.BuildEnv(m.o.Env, proxyEnv)
+	spec, err := Spec(policy)
+	if err != nil {
+		return nil, err
+	}
+	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelDeployment: m.o.DeploymentID, LabelRun: sid}
+	if preload {
+		labels[LabelPool] = "warming"
+	}
+	container, err := m.o.Client.NewContainer(ctx, id,
+		containerd.WithImage(m.o.Image),
+		containerd.WithSnapshotter(Snapshotter),
+		containerd.WithNewSnapshot(id, m.o.Image, snapshots.WithLabels(labels)),
+		containerd.WithRuntime(m.o.Shim, runtimeOpts),
+		containerd.WithSpec(spec),
+		containerd.WithContainerLabels(labels),
+	)
+	if err != nil {
+		return nil, runtime.Infra("create sandbox", err)
+	}
+	s.step("container")
+	s.container = container
+	s.onDestroy(func(cctx context.Context) {
+		if err := container.Delete(cctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+			s.log().Error("delete sandbox", "err", err)
+		}
+	})
+
+	s.diag = runtime.NewCappedBuffer(8<<10, nil)
+	var task containerd.Task
+	var stdoutR *io.PipeReader
+	for attempt := 1; ; attempt++ {
+		// Fresh pipes each try: the streams of a failed try are closed,
+		// and their copiers must not take a frame meant for this one.
+		var stdinR *io.PipeReader
+		var stdinW, stdoutW *io.PipeWriter
+		stdinR, stdinW = io.Pipe()
+		stdoutR, stdoutW = io.Pipe()
+		task, err = container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)))
+		if err == nil {
+			s.stdin, s.stdout = stdinW, stdoutW
+			s.onDestroy(func(context.Context) {
+				stdinW.Close()
+				stdoutW.Close()
+			})
+			break
+		}
+		stdinW.Close()
+		stdoutW.Close()
+		if attempt >= shimAttempts || !shimWentAway(err) || ctx.Err() != nil {
+			return nil, runtime.Infra("create sandbox task", err)
+		}
+		// A shim that exits as the create reaches it (a crash, or a shim
+		// shared with a sandbox just deleted) fails it: the next try starts
+		// a new one.
+		s.log().Debug("shim went away during create; retrying", "attempt", attempt, "err", err)
+		time.Sleep(time.Duration(attempt) * 50 * time.Millisecond)
+	}
+	s.step("task")
+	s.task = task
+	// The exit wait has no deadline of its own: the run's timer bounds it.
+	exitCh, err := task.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		if _, derr := task.Delete(context.WithoutCancel(ctx)); derr != nil {
+			s.log().Error("delete sandbox task", "err", derr)
+		}
+		return nil, runtime.Infra("wait for sandbox task", err)
+	}
+	go func() {
+		s.status = <-exitCh
+		close(s.exited)
+	}()
+	s.onDestroy(func(cctx context.Context) {
+		// A driver that reported its exit is about to end on its own; give
+		// it a moment, then make sure.
+		select {
+		case <-s.exited:
+		case <-time.After(2 * time.Second):
+			if err := task.Kill(cctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+				s.log().Warn("kill sandbox", "err", err)
+			}
+			select {
+			case <-s.exited:
+			case <-cctx.Done():
+				s.log().Error("sandbox did not stop after SIGKILL")
+			}
+		}
+		// deleteTask, not Delete: s.exited also closes when the exit wait
+		// broke (containerd restarted) with the sandbox still running, and
+		// a plain Delete of a running task fails and leaks it for good.
+		if err := deleteTask(cctx, task); err != nil {
+			s.log().Error("delete sandbox task", "err", err)
+		}
+		task.IO().Close()
+	})
+	go s.decode(stdoutR)
+	if err := task.Start(ctx); err != nil {
+		return nil, runtime.Infra("start sandbox", err)
+	}
+	s.step("started")
+	return s, nil
+}
+
+// shimAttempts bounds the tries to create a task whose shim went away.
+const shimAttempts = 4
+
+// shimWentAway reports whether a task create failed because the shim it
+// reached was exiting: the error crosses containerd's API as text.
+func shimWentAway(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "ttrpc: closed") || strings.Contains(msg, "ttrpc: client shutting down")
+}
+
+// log is the sandbox's logger.
+func (s *sandbox) log() *slog.Logger { return s.logp.Load() }
+
+// takenBy names the run that took a pooled sandbox in its log lines.
+func (s *sandbox) takenBy(runID string) {
+	s.logp.Store(s.m.o.Log.With("sandbox", s.id, "run", runID))
+}
+
+// onDestroy adds a cleanup step; steps run in reverse order.
+func (s *sandbox) onDestroy(f func(context.Context)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cleanups = append(s.cleanups, f)
+}
+
+// decode reads the driver's frames until the stream ends.
+func (s *sandbox) decode(r io.Reader) {
+	defer close(s.gone)
+	fr := driver.NewReader(r)
+	for {
+		t, p, err := fr.Next()
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+				s.log().Warn("driver stream", "err", err)
+			}
+			return
+		}
+		if t == driver.FrameHello {
+			kind := "cold"
+			if s.pooled {
+				kind = "pool"
+			}
+			metrics.SandboxStart.WithLabelValues(kind).Observe(time.Since(s.created).Seconds())
+			var h driver.Hello
+			_ = json.Unmarshal(p, &h)
+			select {
+			case s.hello <- h:
+			default:
+			}
+			continue
+		}
+		s.frames <- frame{t, p}
+	}
+}
+
+// waitHello waits for the driver's first frame.
+func (s *sandbox) waitHello(ctx context.Context) (driver.Hello, error) {
+	select {
+	case h := <-s.hello:
+		return h, nil
+	case <-s.gone:
+		return driver.Hello{}, fmt.Errorf("sandbox ended before its driver was ready: %s", s.diagText())
+	case <-ctx.Done():
+		return driver.Hello{}, ctx.Err()
+	}
+}
+
+func (s *sandbox) diagText() string {
+	d, _ := s.diag.Result()
+	return d
+}
+
+// run sends the work and collects its output until the driver reports the
+// exit, the timeout passes (the sandbox is killed), or ctx ends.
+//
+// In a session, running out of time or being cancelled interrupts the
+// cell instead: the driver stops it and the session lives on, unless the
+// cell does not stop within interruptWait, when the sandbox is killed and
+// the session with it (Result.SessionLost).
+func (s *sandbox) run(ctx context.Context, req runtime.Request, files map[string][]byte, session bool) (runtime.Result, error) {
+	res := runtime.Result{RunID: req.RunID}
+	rich := req.Rich
+	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace, Rich: rich})
+	if err != nil {
+		return res, err
+	}
+	stdout := runtime.NewCappedBuffer(req.Limits.StdoutBytes, runtime.OutputTap(req.Output, runtime.Stdout))
+	stderr := runtime.NewCappedBuffer(req.Limits.StderrBytes, runtime.OutputTap(req.Output, runtime.Stderr))
+	memBefore, memCounted := memoryCounters(s.m.o.DeploymentID, s.id)
+	start := time.Now()
+	go func() {
+		// Fails only when the sandbox is gone, which the loop sees too.
+		_ = s.send(driver.FrameWork, payload)
+	}()
+	timer := time.NewTimer(req.Limits.Timeout)
+	defer timer.Stop()
+
+	var exit *driver.Exit
+	var killedBy, interruptedBy string
+	var grace <-chan time.Time
+	take := func(f frame) {
+		switch f.t {
+		case driver.FrameStdout:
+			_, _ = stdout.Write(f.p)
+		case driver.FrameStderr:
+			_, _ = stderr.Write(f.p)
+		case driver.FrameResult:
+			var r driver.Rich
+			if json.Unmarshal(f.p, &r) == nil {
+				res.Rich = r.Clamp(rich)
+			}
+		case driver.FrameExit:
+			var e driver.Exit
+			if json.Unmarshal(f.p, &e) == nil {
+				exit = &e
+			}
+		}
+	}
+	ctxDone := ctx.Done()
+	interrupt := func(why string) {
+		if session && interruptedBy == "" {
+			interruptedBy = why
+			_ = s.send(driver.FrameInterrupt, nil)
+			grace = time.After(interruptWait)
+			ctxDone = nil
+			return
+		}
+		killedBy = why
+	}
+loop:
+	for exit == nil {
+		select {
+		case f := <-s.frames:
+			take(f)
+		case <-s.gone:
+			// The stream ended: whatever frames are left, then the end.
+			s.drainFrames(take)
+			break loop
+		case <-s.exited:
+			// The sandbox ended before its driver said so: killed from
+			// outside, most likely for memory. The shim may hold the output
+			// stream open after that; take what arrives for a moment.
+			last := time.After(exitedGrace)
+			for drained := false; !drained; {
+				select {
+				case f := <-s.frames:
+					take(f)
+				case <-s.gone:
+					s.drainFrames(take)
+					drained = true
+				case <-last:
+					s.drainFrames(take)
+					drained = true
+				}
+			}
+			break loop
+		case <-timer.C:
+			if interrupt(runtime.ReasonTimeout); killedBy != "" {
+				break loop
+			}
+		case <-ctxDone:
+			if interrupt("cancelled"); killedBy != "" {
+				break loop
+			}
+		case <-grace:
+			// The cell did not stop: the session goes with its sandbox.
+			killedBy = interruptedBy
+			break loop
+		}
+	}
+	res.Duration = time.Since(start)
+	if exit != nil && interruptedBy != "" {
+		// Stopped, the session kept.
+		res.Stdout, res.StdoutTruncated = stdout.Result()
+		res.Stderr, res.StderrTruncated = stderr.Result()
+		res.ExitCode = exit.Code
+		res.SessionLost = exit.Lost
+		res.LimitsHit = exit.Limits
+		if interruptedBy == runtime.ReasonTimeout {
+			res.TimedOut, res.Reason = true, runtime.ReasonTimeout
+			return res, nil
+		}
+		return res, ctx.Err()
+	}
+	if exit != nil {
+		res.LimitsHit = exit.Limits
+	}
+	if req.Trace && exit != nil {
+		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
+		for k, v := range exit.Timings {
+			res.Timings["driver."+k] = v
+		}
+	}
+
+	var status containerd.ExitStatus
+	if exit == nil {
+		// SIGKILL the whole sandbox: SIGTERM can be ignored, and a child that
+		// escaped the init process's group must not survive it.
+		kctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), s.m.o.Namespace), cleanupTimeout)
+		defer cancel()
+		if killedBy != "" {
+			if err := s.task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+				s.log().Warn("kill sandbox", "err", err)
+			}
+		}
+		select {
+		case <-s.exited:
+			status = s.status
+		case <-kctx.Done():
+			return res, runtime.Infra("sandbox did not stop after SIGKILL", kctx.Err())
+		}
+		// Output that arrived before the end is kept.
+		s.drainFrames(take)
+	}
+	res.Stdout, res.StdoutTruncated = stdout.Result()
+	res.Stderr, res.StderrTruncated = stderr.Result()
+	if res.StdoutTruncated {
+		res.Stdout += fmt.Sprintf(runtime.TruncationMarker, req.Limits.StdoutBytes)
+	}
+	if res.StderrTruncated {
+		res.Stderr += fmt.Sprintf(runtime.TruncationMarker, req.Limits.StderrBytes)
+	}
+	if session && exit == nil {
+		res.SessionLost = true // the sandbox is gone
+	}
+	switch {
+	case killedBy == runtime.ReasonTimeout:
+		if d := s.diagText(); d != "" {
+			s.log().Warn("run timed out; the driver said", "stderr", d)
+		}
+		res.TimedOut, res.Reason = true, runtime.ReasonTimeout
+		res.ExitCode = 128 + int(syscall.SIGKILL)
+		return res, nil
+	case killedBy != "":
+		return res, ctx.Err()
+	case exit != nil && exit.Error != "":
+		return res, runtime.Infra("start code in sandbox", errors.New(exit.Error))
+	case exit != nil:
+		res.ExitCode = exit.Code
+		res.SessionLost = session && exit.Lost
+	default:
+		// The sandbox ended without the driver saying how the code did:
+		// killed from outside (out of memory), or the driver failed.
+		code, _, werr := status.Result()
+		if werr != nil {
+			return res, runtime.Infra("sandbox exit status", werr)
+		}
+		res.ExitCode = int(code)
+		if res.ExitCode == 0 {
+			res.ExitCode = 128 + int(syscall.SIGKILL)
+		}
+		if !s.outOfMemory(res.ExitCode, memBefore, memCounted, 500*time.Millisecond) {
+			return res, runtime.Infra("sandbox ended unexpectedly", fmt.Errorf("exit %d: %s", code, s.diagText()))
+		}
+		res.OOMKilled, res.Reason = true, runtime.ReasonOutOfMemory
+		return res, nil
+	}
+	// A failure may be the memory limit's: a kill by signal 9, or an
+	// allocation refused at the limit.
+	if res.ExitCode != 0 && s.outOfMemory(res.ExitCode, memBefore, memCounted, 300*time.Millisecond) {
+		res.OOMKilled, res.Reason = true, runtime.ReasonOutOfMemory
+		return res, nil
+	}
+	switch {
+	case res.Truncated():
+		res.Reason = runtime.ReasonOutputCapped
+	case res.ExitCode > 128:
+		res.Reason = runtime.ReasonSignal
+	}
+	return res, nil
+}
+
+// exitedGrace is how long output may trail a sandbox's exit.
+const exitedGrace = 250 * time.Millisecond
+
+// interruptWait is how long an interrupted session cell may take to stop
+// before its sandbox is killed.
+const interruptWait = 3 * time.Second
+
+// send writes one frame to the driver; frames from concurrent callers
+// (the work, an interrupt) never interleave.
+func (s *sandbox) send(t byte, payload []byte) error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return driver.NewWriter(s.stdin).Write(t, payload)
+}
+
+// drainFrames hands take the frames already received.
+func (s *sandbox) drainFrames(take func(frame)) {
+	for {
+		select {
+		case f := <-s.frames:
+			take(f)
+		default:
+			return
+		}
+	}
+}
+
+// destroy releases everything the sandbox holds, in reverse order, once;
+// it runs even when the caller has given up.
+func (s *sandbox) destroy() {
+	s.mu.Lock()
+	if s.destroyed {
+		s.mu.Unlock()
+		return
+	}
+	s.destroyed = true
+	cleanups := s.cleanups
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), s.m.o.Namespace), cleanupTimeout)
+	defer cancel()
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i](ctx)
+	}
+}
+
+// Run implements Manager: it takes a warm sandbox from the pool when one
+// fits, or makes a cold one; runs the code; answers; and destroys the
+// sandbox after answering, holding the run's slot until it is gone.
+func (m *ContainerdManager) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	gen := m.restarts.Load()
+	res, err := m.run(ctx, req)
+	return res, m.restartedDuring(gen, err)
+}
+
+func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	if req.RunID == "" {
+		req.RunID = runtime.NewRunID()
+	}
+	res := runtime.Result{RunID: req.RunID}
+	if req.Language != runtime.Python && req.Language != runtime.Shell {
+		return res, fmt.Errorf("unknown language %q", req.Language)
+	}
+	networked := req.Egress != nil
+	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
+		return res, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
+	}
+	release, err := m.admission.Acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	log := m.o.Log.With("run", req.RunID)
+	start := time.Now()
+	var s *sandbox
+	if m.pool != nil && m.pool.fits(req.Limits) {
+		s = m.pool.take(ctx, networked, req.RunID)
+	}
+	warm := s != nil
+	if s == nil {
+		s, err = m.create(ctx, req.RunID, false, networked, req.Limits)
+		if err != nil {
+			release()
+			return res, err
+		}
+	}
+	m.teardowns.Add(1)
+	defer func() {
+		go func() {
+			defer m.teardowns.Done()
+			defer release()
+			s.destroy()
+		}()
+	}()
+	startRun := time.Now()
+	var files map[string][]byte
+	if networked {
+		unregister := m.o.Proxy.Register(s.att.IP, req.RunID, *req.Egress)
+		s.onDestroy(func(context.Context) { unregister() })
+		files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
+	}
+	res, err = s.run(ctx, req, files, false)
+	res.Warm = warm
+	if res.Timings != nil {
+		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
+		if !warm {
+			for k, v := range s.steps {
+				res.Timings["create."+k] = v
+			}
+		}
+	}
+	if networked {
+		res.EgressDenied = m.o.Proxy.Denials(req.RunID)
+	}
+	log.Info("run finished", "lang", req.Language, "warm", warm, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
+	return res, err
+}
+
+func (m *ContainerdManager) proxyURL() string {
+	if m.o.Network == nil {
+		return ""
+	}
+	return fmt.Sprintf("http://%s:%d", m.o.Network.Config().Gateway(), m.o.ProxyPort)
+}
+
+// outOfMemory reports whether a run whose code ended with exit code exit
+// ran out of memory, given its sandbox's memory counts when it began (see
+// ranOutOfMemory). The counts are read at once and are final when read
+// after the code died; containerd's event, which can trail the exit by
+// seconds on a busy host, decides only where they cannot be read, and is
+// waited for (up to d) only after a kill by signal 9.
+func (s *sandbox) outOfMemory(exit int, before memoryCounts, counted bool, d time.Duration) bool {
+	if counted {
+		if after, ok := memoryCounters(s.m.o.DeploymentID, s.id); ok {
+			// The event, if any, is consumed so it cannot be taken for a
+			// later run's.
+			return s.m.takeOOM(s.id) || ranOutOfMemory(exit, before, after)
+		}
+	}
+	if exit != 128+int(syscall.SIGKILL) {
+		return s.m.takeOOM(s.id)
+	}
+	return s.m.waitOOM(s.id, d)
+}
+
+// waitOOM reports whether containerd said the sandbox ran out of memory,
+// waiting up to d for the event.
+func (m *ContainerdManager) waitOOM(id string, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		if m.takeOOM(id) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

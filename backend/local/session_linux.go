@@ -1,0 +1,168 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/driver"
+)
+
+// fileOpTimeout bounds one file operation in a session.
+const fileOpTimeout = 30 * time.Second
+
+// session is one sandbox kept for many calls (see Session). One call at a
+// time.
+type session struct {
+	m     *ContainerdManager
+	s     *sandbox
+	id    string
+	files map[string][]byte // proxy settings of a networked session
+
+	mu     sync.Mutex // one call at a time
+	closed bool
+	lost   bool
+}
+
+// OpenSession starts a session, from a warm sandbox when one fits.
+func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOptions) (_ runtime.Session, err error) {
+	networked := o.Egress != nil
+	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
+		return nil, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
+	}
+	var s *sandbox
+	if m.pool != nil && m.pool.fits(o.Limits) {
+		s = m.pool.take(ctx, networked, o.ID)
+	}
+	if s == nil {
+		if s, err = m.create(ctx, o.ID, false, networked, o.Limits); err != nil {
+			return nil, err
+		}
+	}
+	ss := &session{m: m, s: s, id: o.ID}
+	defer func() {
+		if err != nil {
+			ss.Close()
+		}
+	}()
+	if networked {
+		unregister := m.o.Proxy.Register(s.att.IP, o.ID, *o.Egress)
+		s.onDestroy(func(context.Context) { unregister() })
+		ss.files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
+	}
+	if err := s.send(driver.FrameSession, nil); err != nil {
+		return nil, runtime.Infra("start session", err)
+	}
+	return ss, nil
+}
+
+// ID is the session's id.
+func (ss *session) ID() string { return ss.id }
+
+// Run runs one call in the session. It takes a sandbox slot for the call,
+// like any run. A call that times out is interrupted and the session kept
+// if the interpreter stops in time; Result.SessionLost says when it did
+// not, or when the code killed the interpreter, and the session is then
+// closed.
+func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	if !ss.mu.TryLock() {
+		return runtime.Result{RunID: req.RunID}, runtime.ErrSessionBusy
+	}
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return runtime.Result{RunID: req.RunID}, runtime.ErrSessionClosed
+	}
+	if req.RunID == "" {
+		req.RunID = runtime.NewRunID()
+	}
+	release, err := ss.m.admission.Acquire(ctx)
+	if err != nil {
+		return runtime.Result{RunID: req.RunID}, err
+	}
+	defer release()
+	start := time.Now()
+	res, err := ss.s.run(ctx, req, ss.files, true)
+	if ss.s.att != nil {
+		res.EgressDenied = ss.m.o.Proxy.TakeDenials(ss.id)
+	}
+	ss.m.o.Log.Info("session run finished", "session", ss.id, "run", req.RunID, "lang", req.Language, "exit", res.ExitCode,
+		"reason", res.Reason, "lost", res.SessionLost, "took", res.Duration, "total", time.Since(start))
+	if res.SessionLost {
+		ss.lost = true
+		ss.closeLocked()
+	}
+	return res, err
+}
+
+// File does one file operation in the session's /workspace, as the code's
+// user, inside the sandbox.
+func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResult, error) {
+	if !ss.mu.TryLock() {
+		return driver.FileResult{}, runtime.ErrSessionBusy
+	}
+	defer ss.mu.Unlock()
+	if ss.closed {
+		return driver.FileResult{}, runtime.ErrSessionClosed
+	}
+	payload, err := json.Marshal(op)
+	if err != nil {
+		return driver.FileResult{}, err
+	}
+	if err := ss.s.send(driver.FrameFileOp, payload); err != nil {
+		return driver.FileResult{}, runtime.Infra("session file operation", err)
+	}
+	timer := time.NewTimer(fileOpTimeout)
+	defer timer.Stop()
+	for {
+		select {
+		case f := <-ss.s.frames:
+			if f.t != driver.FrameFileResult {
+				continue // stray output between calls
+			}
+			var res driver.FileResult
+			if err := json.Unmarshal(f.p, &res); err != nil {
+				return res, runtime.Infra("session file operation", err)
+			}
+			return res, nil
+		case <-ss.s.gone:
+			ss.lost = true
+			ss.closeLocked()
+			return driver.FileResult{}, fmt.Errorf("%w: its sandbox stopped", runtime.ErrSessionClosed)
+		case <-timer.C:
+			return driver.FileResult{}, runtime.Infra("session file operation", errors.New("no answer in time"))
+		case <-ctx.Done():
+			return driver.FileResult{}, ctx.Err()
+		}
+	}
+}
+
+// Lost reports whether the session ended because its sandbox or its
+// interpreter did.
+func (ss *session) Lost() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.lost
+}
+
+// Close destroys the session's sandbox; it waits for a call in progress.
+func (ss *session) Close() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.closeLocked()
+}
+
+func (ss *session) closeLocked() {
+	if ss.closed {
+		return
+	}
+	ss.closed = true
+	ss.m.teardowns.Add(1)
+	go func() {
+		defer ss.m.teardowns.Done()
+		ss.s.destroy()
+	}()
+}
