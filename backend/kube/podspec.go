@@ -1,0 +1,179 @@
+package kube
+
+import (
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/driver"
+)
+
+// Container is the name of a sandbox pod's only container.
+const Container = "sandbox"
+
+// PodPolicy is everything the pod of one sandbox is built from: the same
+// policy the local backend builds its OCI spec from, plus where the pod
+// may be placed.
+type PodPolicy struct {
+	Name, Namespace string
+	Labels          map[string]string
+	// Image is the sandbox image, already on every node that may run it
+	// (pulled never).
+	Image string
+	// RuntimeClass names the RuntimeClass whose handler is gVisor.
+	RuntimeClass string
+	// UID and GID are the code's user; the driver starts the code as them.
+	UID, GID uint32
+	// Preload starts the driver's warm Python worker (warm pods),
+	// importing PreloadModules.
+	Preload        bool
+	PreloadModules []string
+	// Env is the whole environment as KEY=VALUE lines (runtime.BuildEnv).
+	Env    []string
+	Limits runtime.Limits
+	// Deadline is the pod's activeDeadlineSeconds: a backstop that ends
+	// the pod should airlock lose track of it.
+	DeadlineSeconds int64
+	NodeSelector    map[string]string
+	Tolerations     []corev1.Toleration
+	SchedulerName   string
+	// Session pods keep their stdin open across attaches, so another
+	// airlock can serve a session's next call; a one-run pod's stdin closes
+	// when its one attach ends, and its driver exits.
+	Session bool
+}
+
+// Pod builds the pod of a sandbox from its policy. It is a pure function,
+// so the security baseline can be checked without a cluster: gVisor by
+// RuntimeClass; read-only root; memory-backed, size-capped /workspace, /tmp
+// and code directory; the driver as the only process with capabilities,
+// and only those it needs to start the code as the unprivileged user; no
+// privilege escalation; the runtime's default seccomp profile; no service
+// account token, service links, host namespaces or host paths; no DNS
+// server (a nameserver on the sandbox's own loopback, where nothing
+// answers); requests equal to limits.
+func Pod(p PodPolicy) (*corev1.Pod, error) {
+	if p.UID == 0 || p.GID == 0 {
+		return nil, fmt.Errorf("pod spec: refusing to run code as root (uid %d, gid %d)", p.UID, p.GID)
+	}
+	l := p.Limits
+	if l.MemoryBytes <= 0 || l.CPUs <= 0 || l.Pids <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
+		return nil, fmt.Errorf("pod spec: every limit must be positive: %+v", l)
+	}
+	switch {
+	case p.Name == "" || p.Namespace == "":
+		return nil, fmt.Errorf("pod spec: name and namespace are required")
+	case p.Image == "":
+		return nil, fmt.Errorf("pod spec: no image (kubernetes.image)")
+	case p.RuntimeClass == "":
+		return nil, fmt.Errorf("pod spec: no runtime class (kubernetes.runtime_class): a sandbox pod runs under gVisor or not at all")
+	case p.DeadlineSeconds <= 0:
+		return nil, fmt.Errorf("pod spec: the deadline must be positive")
+	}
+	env := make([]corev1.EnvVar, 0, len(p.Env))
+	for _, kv := range p.Env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("pod spec: environment entry %q is not KEY=VALUE", kv)
+		}
+		env = append(env, corev1.EnvVar{Name: k, Value: v})
+	}
+	// Kubernetes spells capabilities without the CAP_ prefix.
+	add := make([]corev1.Capability, 0, len(runtime.DriverCapabilities))
+	for _, c := range runtime.DriverCapabilities {
+		add = append(add, corev1.Capability(strings.TrimPrefix(c, "CAP_")))
+	}
+	resources := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(int64(l.CPUs*1000), resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(l.MemoryBytes, resource.BinarySI),
+	}
+	memoryDir := func(name string, size int64) corev1.Volume {
+		q := resource.NewQuantity(size, resource.BinarySI)
+		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{
+			EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: q},
+		}}
+	}
+	root, no := int64(0), false
+	yes := true
+	grace := int64(0)
+	deadline := p.DeadlineSeconds
+	labels := make(map[string]string, len(p.Labels))
+	for k, v := range p.Labels {
+		labels[k] = v
+	}
+	nodeSelector := make(map[string]string, len(p.NodeSelector))
+	for k, v := range p.NodeSelector {
+		nodeSelector[k] = v
+	}
+	pod := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: labels},
+		Spec: corev1.PodSpec{
+			RuntimeClassName:              &p.RuntimeClass,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: &grace,
+			ActiveDeadlineSeconds:         &deadline,
+			AutomountServiceAccountToken:  &no,
+			EnableServiceLinks:            &no,
+			HostNetwork:                   false,
+			HostPID:                       false,
+			HostIPC:                       false,
+			ShareProcessNamespace:         &no,
+			Hostname:                      "sandbox",
+			// The API wants a nameserver with dnsPolicy None; loopback
+			// inside the sandbox has nothing listening.
+			DNSPolicy:     corev1.DNSNone,
+			DNSConfig:     &corev1.PodDNSConfig{Nameservers: []string{"127.0.0.1"}},
+			NodeSelector:  nodeSelector,
+			Tolerations:   append([]corev1.Toleration(nil), p.Tolerations...),
+			SchedulerName: p.SchedulerName,
+			SecurityContext: &corev1.PodSecurityContext{
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Volumes: []corev1.Volume{
+				memoryDir("workspace", l.WorkspaceBytes),
+				memoryDir("tmp", l.TmpBytes),
+				memoryDir("code", runtime.CodeDirBytes),
+			},
+			Containers: []corev1.Container{{
+				Name:            Container,
+				Image:           p.Image,
+				ImagePullPolicy: corev1.PullNever,
+				Command:         runtime.DriverArgs(p.UID, p.GID, p.Preload, p.PreloadModules),
+				Env:             env,
+				WorkingDir:      driver.Workspace,
+				// The driver reads its framed protocol on stdin.
+				Stdin:     true,
+				StdinOnce: !p.Session,
+				Resources: corev1.ResourceRequirements{Requests: resources, Limits: resources.DeepCopy()},
+				VolumeMounts: []corev1.VolumeMount{
+					{Name: "workspace", MountPath: driver.Workspace},
+					{Name: "tmp", MountPath: "/tmp"},
+					{Name: "code", MountPath: driver.CodeDir},
+				},
+				SecurityContext: &corev1.SecurityContext{
+					// The driver is root inside gVisor's kernel, never on
+					// the node, and holds only what it needs to start the
+					// code as p.UID with no capabilities: SETUID and SETGID
+					// to change user, SETPCAP to empty the bounding set
+					// first, KILL to end the code's processes (another
+					// user's) when the run ends.
+					RunAsUser:                &root,
+					RunAsGroup:               &root,
+					RunAsNonRoot:             &no,
+					Privileged:               &no,
+					AllowPrivilegeEscalation: &no,
+					ReadOnlyRootFilesystem:   &yes,
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: add},
+					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+				},
+				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+			}},
+		},
+	}
+	return pod, nil
+}
