@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -27,4 +28,16 @@ func DriverArgs(uid, gid uint32, preload bool, modules []string) []string {
 		args = append(args, "--preload", "--preload-modules="+strings.Join(modules, ","))
 	}
 	return args
+}
+
+// CheckSandbox refuses what no sandbox of either backend may be: code run
+// as root, or a limit left unset.
+func CheckSandbox(uid, gid uint32, l Limits) error {
+	if uid == 0 || gid == 0 {
+		return fmt.Errorf("refusing to run code as root (uid %d, gid %d)", uid, gid)
+	}
+	if l.MemoryBytes <= 0 || l.CPUs <= 0 || l.Pids <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
+		return fmt.Errorf("every limit must be positive: %+v", l)
+	}
+	return nil
 }

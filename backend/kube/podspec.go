@@ -57,13 +57,10 @@ type PodPolicy struct {
 // server (a nameserver on the sandbox's own loopback, where nothing
 // answers); requests equal to limits.
 func Pod(p PodPolicy) (*corev1.Pod, error) {
-	if p.UID == 0 || p.GID == 0 {
-		return nil, fmt.Errorf("pod spec: refusing to run code as root (uid %d, gid %d)", p.UID, p.GID)
+	if err := runtime.CheckSandbox(p.UID, p.GID, p.Limits); err != nil {
+		return nil, fmt.Errorf("pod spec: %w", err)
 	}
 	l := p.Limits
-	if l.MemoryBytes <= 0 || l.CPUs <= 0 || l.Pids <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
-		return nil, fmt.Errorf("pod spec: every limit must be positive: %+v", l)
-	}
 	switch {
 	case p.Name == "" || p.Namespace == "":
 		return nil, fmt.Errorf("pod spec: name and namespace are required")

@@ -36,13 +36,10 @@ const cpuPeriod = 100000
 // user, no_new_privs, fresh namespaces including an empty network namespace
 // (loopback only), and cgroup limits.
 func Spec(p SpecPolicy) (*specs.Spec, error) {
-	if p.UID == 0 || p.GID == 0 {
-		return nil, fmt.Errorf("spec: refusing to run a sandbox as root (uid %d, gid %d)", p.UID, p.GID)
+	if err := runtime.CheckSandbox(p.UID, p.GID, p.Limits); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
 	}
 	l := p.Limits
-	if l.MemoryBytes <= 0 || l.CPUs <= 0 || l.Pids <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
-		return nil, fmt.Errorf("spec: every limit must be positive: %+v", l)
-	}
 	hostname := p.Hostname
 	if hostname == "" {
 		hostname = "sandbox"
