@@ -381,7 +381,7 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 	}
 	defer sess.Close()
 	bin := filepath.Join(t.TempDir(), "airlock")
-	if out, err := exec.Command("go", "build", "-o", bin, "..").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/airlock-mcp/airlock").CombinedOutput(); err != nil {
 		t.Fatalf("build airlock: %v: %s", err, out)
 	}
 	cfg := netConfig("")
