@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test.sh: the one command that runs every test on a fresh host. It installs
 # what is missing, builds, checks formatting and lints, builds the image, then
-# runs the Go tests (real containerd + runsc) and the end-to-end suite (the
-# official TypeScript MCP SDK client driving bin/airlock over stdio).
+# starts a single-node Kubernetes cluster (scripts/cluster.sh), then runs the
+# Go tests (real containerd + runsc, real cluster) and the end-to-end suite
+# (the official TypeScript MCP SDK client driving bin/airlock over stdio).
 # Under CI=true a missing prerequisite is a failure, never a skip.
 set -euo pipefail
 # Go lives in /usr/local/go on these hosts; a login shell may not have it on PATH.
@@ -34,6 +35,15 @@ staticcheck ./...
 
 step "sandbox image"
 ./bin/airlock image build
+
+step "kubernetes test cluster (binaries built once per machine: ~8 min cold)"
+bash scripts/install-k8s.sh
+# Down again when the tests end, pass or fail, unless asked to keep it.
+if [[ "${AIRLOCK_KEEP_CLUSTER:-0}" != 1 ]]; then
+  trap 'bash scripts/cluster.sh down' EXIT
+fi
+bash scripts/cluster.sh up
+bash scripts/cluster.sh image ./bin/airlock
 
 step "go test"
 # One package at a time: they share the embedded containerd, the image and
