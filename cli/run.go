@@ -11,7 +11,6 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 	"github.com/spf13/cobra"
 
-	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/server"
 	"github.com/airlock-mcp/airlock/tools"
 )
@@ -61,8 +60,8 @@ func (a *app) runCmd() *cobra.Command {
 				raw["allow_domains"] = list
 			}
 			var res *mcp.CallToolResult
-			err := a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
-				h, closeHandlers, err := a.handlers(ctx, stack)
+			err := a.withBackend(cmd, func(ctx context.Context, b *backend) error {
+				h, closeHandlers, err := a.handlers(ctx, b)
 				if err != nil {
 					return err
 				}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/backend/local/guardian"
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/metrics"
@@ -55,9 +54,12 @@ func (a *app) serveCmd() *cobra.Command {
 // this process exits. A desktop client gives a server two seconds before
 // SIGTERM, and SIGKILL two after.
 func (a *app) serveStdio(cmd *cobra.Command) error {
-	return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
-		g := a.startGuardian(cmd, stack)
-		h, closeHandlers, err := a.handlers(ctx, stack)
+	return a.withBackend(cmd, func(ctx context.Context, b *backend) error {
+		var g *guardian.Guardian
+		if b.local != nil {
+			g = a.startGuardian(cmd, b.local)
+		}
+		h, closeHandlers, err := a.handlers(ctx, b)
 		if err != nil {
 			return err
 		}
@@ -67,7 +69,7 @@ func (a *app) serveStdio(cmd *cobra.Command) error {
 			return err
 		}
 		defer stopMetrics()
-		a.log.Info("serving", "transport", "stdio", "shim", stack.Shim, "image", a.cfg.Image, "instance", stack.Instance.ID, "guardian", g.PID(), "approval", a.cfg.Approval.Mode)
+		a.log.Info("serving", append([]any{"transport", "stdio", "instance", b.Instance, "guardian", g.PID(), "approval", a.cfg.Approval.Mode}, b.Attrs...)...)
 		s := server.New(a.version, h)
 		workers := a.cfg.Limits.Concurrency + a.cfg.Limits.Queue + 8
 		err = server.ServeStdio(ctx, s, os.Stdin, os.Stdout, server.StdioCaller(), workers, int(maxMessageBytes(a.cfg)), a.log)
@@ -75,7 +77,7 @@ func (a *app) serveStdio(cmd *cobra.Command) error {
 			// Runs in flight were cancelled as input ended; what is left
 			// is the guardian's to remove once this process is gone.
 			h.Detach()
-			stack.HandOff()
+			b.handOff()
 			_ = g.HandOff()
 			a.log.Info("leaving; the guardian removes this instance's sandboxes", "guardian", g.PID())
 		}
@@ -103,9 +105,11 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 	// told "done", after the teardown below, it leaves without a sweep.
 	var g *guardian.Guardian
 	defer func() { _ = g.Done() }()
-	return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, stack *boot.Stack) error {
-		g = a.startGuardian(cmd, stack)
-		h, closeHandlers, err := a.handlers(ctx, stack)
+	return a.withBackend(cmd, func(ctx context.Context, b *backend) error {
+		if b.local != nil {
+			g = a.startGuardian(cmd, b.local)
+		}
+		h, closeHandlers, err := a.handlers(ctx, b)
 		if err != nil {
 			return err
 		}
@@ -122,7 +126,7 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			TLSCert: cfg.TLS.Cert, TLSKey: cfg.TLS.Key,
 			Tokens: tokens, AllowUnauthenticated: cfg.Auth.AllowUnauthenticated,
 			AllowedOrigins: cfg.Server.AllowedOrigins,
-			Ready:          stack.Ready,
+			Ready:          b.Ready,
 			Extra:          map[string]http.Handler{"/metrics": metrics.Handler()},
 			// A write_file of the largest file, base64-encoded, must fit.
 			MaxBody: maxMessageBytes(cfg),
@@ -134,8 +138,8 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 		if err := srv.Start(ctx); err != nil {
 			return err
 		}
-		a.log.Info("serving", "transports", transports, "listen", cfg.Server.Listen, "socket", cfg.Server.Socket, "auth", tokens != nil,
-			"shim", stack.Shim, "image", cfg.Image, "instance", stack.Instance.ID, "approval", cfg.Approval.Mode)
+		a.log.Info("serving", append([]any{"transports", transports, "listen", cfg.Server.Listen, "socket", cfg.Server.Socket, "auth", tokens != nil,
+			"instance", b.Instance, "approval", cfg.Approval.Mode}, b.Attrs...)...)
 		<-ctx.Done()
 		start := time.Now()
 		a.log.Info("shutting down: no new connections; runs in flight may finish", "in_flight", h.InFlight(), "grace", cfg.Server.ShutdownGrace)

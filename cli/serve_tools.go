@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/airlock-mcp/airlock/approval"
-	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 	"github.com/airlock-mcp/airlock/tools"
@@ -14,7 +13,7 @@ import (
 // handlers builds the tool handlers of a running stack: the approval gate,
 // the audit log and, when approval is on, the web console. The returned
 // function stops them in reverse order.
-func (a *app) handlers(ctx context.Context, s *boot.Stack) (*tools.Handlers, func(), error) {
+func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func(), error) {
 	cfg := a.cfg
 	h := &tools.Handlers{
 		Manager: s.Manager, Limits: cfg.Limits, Log: a.log,

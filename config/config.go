@@ -34,6 +34,7 @@ type Config struct {
 	Log        LogConfig        `mapstructure:"log"`
 	Containerd ContainerdConfig `mapstructure:"containerd"`
 	Runtime    RuntimeConfig    `mapstructure:"runtime"`
+	Kubernetes KubernetesConfig `mapstructure:"kubernetes"`
 	Image      string           `mapstructure:"image"`
 	Limits     Limits           `mapstructure:"limits"`
 	Sandbox    SandboxConfig    `mapstructure:"sandbox"`
@@ -238,9 +239,52 @@ type ContainerdConfig struct {
 
 // RuntimeConfig selects how gVisor is started.
 type RuntimeConfig struct {
+	// Backend runs sandboxes: containerd on this host, or pods on a
+	// Kubernetes cluster (kubernetes.*).
+	Backend    string   `mapstructure:"backend"`
 	Shim       string   `mapstructure:"shim"`
 	Runsc      string   `mapstructure:"runsc"`
 	RunscFlags []string `mapstructure:"runsc_flags"`
+}
+
+// Backends accepted by runtime.backend.
+const (
+	BackendContainerd = "containerd"
+	BackendKubernetes = "kubernetes"
+)
+
+// KubernetesConfig is the Kubernetes backend: where its pods go and how
+// they are placed.
+type KubernetesConfig struct {
+	// Kubeconfig is a kubeconfig file; empty: the in-cluster service account.
+	Kubeconfig string `mapstructure:"kubeconfig"`
+	// Namespace holds the sandbox pods (and the instances' Leases).
+	Namespace string `mapstructure:"namespace"`
+	// RuntimeClass names the RuntimeClass whose handler is gVisor.
+	RuntimeClass string `mapstructure:"runtime_class"`
+	// Image is the sandbox image on the nodes; empty: the top-level image.
+	Image         string             `mapstructure:"image"`
+	NodeSelector  map[string]string  `mapstructure:"node_selector"`
+	Tolerations   []TolerationConfig `mapstructure:"tolerations"`
+	SchedulerName string             `mapstructure:"scheduler_name"`
+	// ScheduleTimeout bounds how long a sandbox pod may wait for a node.
+	ScheduleTimeout time.Duration `mapstructure:"schedule_timeout"`
+}
+
+// TolerationConfig is one toleration of sandbox pods, as in a pod spec.
+type TolerationConfig struct {
+	Key      string `mapstructure:"key"`
+	Operator string `mapstructure:"operator"`
+	Value    string `mapstructure:"value"`
+	Effect   string `mapstructure:"effect"`
+}
+
+// SandboxImage is the image sandbox pods run.
+func (k KubernetesConfig) SandboxImage(image string) string {
+	if k.Image != "" {
+		return k.Image
+	}
+	return image
 }
 
 // Limits are the per-run resource limits and the server-wide concurrency cap.
@@ -280,7 +324,8 @@ func Defaults() Config {
 		StateDir:   "/var/lib/airlock",
 		Log:        LogConfig{Level: "info", Format: "text"},
 		Containerd: ContainerdConfig{Namespace: "airlock", Binary: "containerd"},
-		Runtime:    RuntimeConfig{Shim: ShimAuto, Runsc: "runsc"},
+		Runtime:    RuntimeConfig{Backend: BackendContainerd, Shim: ShimAuto, Runsc: "runsc"},
+		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second},
 		Image:      DefaultImage,
 		Limits: Limits{
 			TimeoutS:    30,
@@ -341,7 +386,16 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("containerd.address", d.Containerd.Address)
 	v.SetDefault("containerd.namespace", d.Containerd.Namespace)
 	v.SetDefault("containerd.binary", d.Containerd.Binary)
+	v.SetDefault("runtime.backend", d.Runtime.Backend)
 	v.SetDefault("runtime.shim", d.Runtime.Shim)
+	v.SetDefault("kubernetes.kubeconfig", d.Kubernetes.Kubeconfig)
+	v.SetDefault("kubernetes.namespace", d.Kubernetes.Namespace)
+	v.SetDefault("kubernetes.runtime_class", d.Kubernetes.RuntimeClass)
+	v.SetDefault("kubernetes.image", d.Kubernetes.Image)
+	v.SetDefault("kubernetes.node_selector", d.Kubernetes.NodeSelector)
+	v.SetDefault("kubernetes.tolerations", d.Kubernetes.Tolerations)
+	v.SetDefault("kubernetes.scheduler_name", d.Kubernetes.SchedulerName)
+	v.SetDefault("kubernetes.schedule_timeout", d.Kubernetes.ScheduleTimeout)
 	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
 	v.SetDefault("runtime.runsc_flags", d.Runtime.RunscFlags)
 	v.SetDefault("image", d.Image)
@@ -450,6 +504,9 @@ func Load(v *viper.Viper, path string) (Config, error) {
 	return c, nil
 }
 
+// dnsLabelRE is a Kubernetes namespace name.
+var dnsLabelRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
 // tableNameRE is what nftables takes as a table name, as airlock uses it.
 var tableNameRE = regexp.MustCompile(`^[A-Za-z0-9_]{1,32}$`)
 
@@ -465,6 +522,16 @@ func (c Config) Validate() error {
 		{c.Runtime.Shim == ShimAuto || c.Runtime.Shim == ShimRunc || c.Runtime.Shim == ShimRunsc,
 			fmt.Sprintf("runtime.shim must be %q, %q or %q", ShimAuto, ShimRunc, ShimRunsc)},
 		{c.Image != "", "image must name an image reference"},
+		{c.Runtime.Backend == BackendContainerd || c.Runtime.Backend == BackendKubernetes,
+			fmt.Sprintf("runtime.backend must be %q or %q", BackendContainerd, BackendKubernetes)},
+		{c.Runtime.Backend != BackendKubernetes || dnsLabelRE.MatchString(c.Kubernetes.Namespace),
+			"kubernetes.namespace must be a namespace name (lower-case letters, digits and -, at most 63)"},
+		{c.Runtime.Backend != BackendKubernetes || c.Kubernetes.RuntimeClass != "",
+			"kubernetes.runtime_class must name the RuntimeClass whose handler is gVisor (sandbox pods never run without it)"},
+		{c.Runtime.Backend != BackendKubernetes || c.Kubernetes.ScheduleTimeout >= time.Second,
+			"kubernetes.schedule_timeout must be at least 1s (write it with a unit: 60s)"},
+		{c.Runtime.Backend != BackendKubernetes || !c.Network.Enabled(),
+			"the kubernetes backend offers no networked runs yet: leave network.allow_domains empty"},
 		{l.TimeoutS >= 1, "limits.timeout_s must be at least 1"},
 		{l.MaxTimeoutS >= l.TimeoutS, "limits.max_timeout_s must be at least limits.timeout_s"},
 		{l.MemoryMB >= 32, "limits.memory_mb must be at least 32"},

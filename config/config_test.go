@@ -72,7 +72,24 @@ func TestValidateNamesTheKey(t *testing.T) {
 			c.Approval.Mode = "rules"
 			c.Approval.Rules = []approval.RuleConfig{{Tool: "run_python"}}
 		},
-		"audit.path": func(c *Config) { c.Audit.Path = "audit.jsonl" },
+		"audit.path":      func(c *Config) { c.Audit.Path = "audit.jsonl" },
+		"runtime.backend": func(c *Config) { c.Runtime.Backend = "docker" },
+		"kubernetes.namespace": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Kubernetes.Namespace = "Sandboxes"
+		},
+		"kubernetes.runtime_class": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Kubernetes.RuntimeClass = ""
+		},
+		"kubernetes.schedule_timeout": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Kubernetes.ScheduleTimeout = 60
+		},
+		"network.allow_domains": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Network.AllowDomains = []string{"pypi.org"}
+		},
 	}
 	for key, mutate := range cases {
 		t.Run(key, func(t *testing.T) {

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,6 +22,9 @@ const Container = "sandbox"
 type PodPolicy struct {
 	Name, Namespace string
 	Labels          map[string]string
+	// Owner, when set, owns the pod: the instance Lease, whose deletion
+	// lets the garbage collector remove the pod.
+	Owner metav1.OwnerReference
 	// Image is the sandbox image, already on every node that may run it
 	// (pulled never).
 	Image string
@@ -106,9 +110,13 @@ func Pod(p PodPolicy) (*corev1.Pod, error) {
 	for k, v := range p.NodeSelector {
 		nodeSelector[k] = v
 	}
+	var owners []metav1.OwnerReference
+	if p.Owner.UID != "" {
+		owners = []metav1.OwnerReference{p.Owner}
+	}
 	pod := &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: labels, OwnerReferences: owners},
 		Spec: corev1.PodSpec{
 			RuntimeClassName:              &p.RuntimeClass,
 			RestartPolicy:                 corev1.RestartPolicyNever,
@@ -140,7 +148,7 @@ func Pod(p PodPolicy) (*corev1.Pod, error) {
 				Name:            Container,
 				Image:           p.Image,
 				ImagePullPolicy: corev1.PullNever,
-				Command:         runtime.DriverArgs(p.UID, p.GID, p.Preload, p.PreloadModules),
+				Command:         Command(p),
 				Env:             env,
 				WorkingDir:      driver.Workspace,
 				// The driver reads its framed protocol on stdin.
@@ -173,4 +181,17 @@ func Pod(p PodPolicy) (*corev1.Pod, error) {
 		},
 	}
 	return pod, nil
+}
+
+// NoFile is the open-file limit of a sandbox pod, as of a local sandbox.
+const NoFile = 1024
+
+// Command is the driver's command line in a pod: the local one, plus what
+// a pod spec cannot say. The driver says hello only once airlock has
+// attached (output written before is lost to the attacher), and sets the
+// process and open-file limits itself (Kubernetes sets no rlimits; gVisor
+// enforces RLIMIT_NPROC for the code's user).
+func Command(p PodPolicy) []string {
+	return append(runtime.DriverArgs(p.UID, p.GID, p.Preload, p.PreloadModules),
+		"--hello-on-attach", "--nproc", strconv.FormatInt(p.Limits.Pids, 10), "--nofile", strconv.Itoa(NoFile))
 }

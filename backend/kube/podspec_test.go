@@ -89,7 +89,7 @@ func TestPodBaseline(t *testing.T) {
 		ok   bool
 	}{
 		{"image never pulled", c.Image == "airlock.local/sandbox:bookworm" && c.ImagePullPolicy == corev1.PullNever},
-		{"driver as the command", reflect.DeepEqual(c.Command, runtime.DriverArgs(1000, 1000, false, nil)) && len(c.Args) == 0},
+		{"driver as the command", reflect.DeepEqual(c.Command, append(runtime.DriverArgs(1000, 1000, false, nil), "--hello-on-attach", "--nproc", "64", "--nofile", "1024")) && len(c.Args) == 0},
 		{"driver runs as root in gVisor", sc.RunAsUser != nil && *sc.RunAsUser == 0 && sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot},
 		{"not privileged", sc.Privileged != nil && !*sc.Privileged},
 		{"no privilege escalation", sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation},
@@ -140,7 +140,7 @@ func TestPodSessionKeepsStdin(t *testing.T) {
 	if !c.Stdin || c.StdinOnce {
 		t.Errorf("session pod stdin %v once %v; want open across attaches", c.Stdin, c.StdinOnce)
 	}
-	if !reflect.DeepEqual(c.Command, runtime.DriverArgs(1000, 1000, true, []string{"numpy"})) {
+	if !reflect.DeepEqual(c.Command[:len(c.Command)-5], runtime.DriverArgs(1000, 1000, true, []string{"numpy"})) {
 		t.Errorf("command %v", c.Command)
 	}
 }

@@ -90,7 +90,7 @@ func (p *Pool) take(ctx context.Context, networked bool, runID string) *sandbox 
 		p.ready[networked] = list[1:]
 		p.mu.Unlock()
 		select {
-		case <-e.s.gone:
+		case <-e.s.st.Gone():
 			p.retire(e.s) // died while waiting
 			continue
 		default:

@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,7 @@ import (
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/driver"
+	"github.com/airlock-mcp/airlock/runtime/exchange"
 	"github.com/airlock-mcp/airlock/runtime/network"
 )
 
@@ -43,14 +43,11 @@ type sandbox struct {
 	// when a run takes it, so every line of a run names it.
 	logp atomic.Pointer[slog.Logger]
 
-	hello  chan driver.Hello
-	frames chan frame
-	gone   chan struct{} // closed when the frame stream ends
+	st *exchange.Stream
 
 	mu        sync.Mutex
 	cleanups  []func(context.Context)
 	destroyed bool
-	sendMu    sync.Mutex
 
 	// created and steps time the making of the sandbox, for Trace.
 	created time.Time
@@ -62,11 +59,6 @@ type sandbox struct {
 // step records how long the making of the sandbox has taken so far.
 func (s *sandbox) step(name string) {
 	s.steps[name] = float64(time.Since(s.created).Microseconds()) / 1000
-}
-
-type frame struct {
-	t byte
-	p []byte
 }
 
 // create makes and starts a sandbox with id "airlock-"+sid. A networked one
@@ -91,7 +83,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 	}()
 	id := "airlock-" + sid
 	s := &sandbox{m: m, id: id, sid: sid,
-		hello: make(chan driver.Hello, 1), frames: make(chan frame, 256), gone: make(chan struct{}), exited: make(chan struct{}),
+		st: exchange.NewStream(), exited: make(chan struct{}),
 		created: time.Now(), steps: map[string]float64{}, pooled: preload}
 	lg := m.o.Log.With("sandbox", id)
 	if !preload {
@@ -171,6 +163,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		task, err = container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)))
 		if err == nil {
 			s.stdin, s.stdout = stdinW, stdoutW
+			s.st.SetInput(stdinW)
 			s.onDestroy(func(context.Context) {
 				stdinW.Close()
 				stdoutW.Close()
@@ -225,7 +218,7 @@ func (m *ContainerdManager) create(ctx context.Context, sid string, preload, net
 		}
 		task.IO().Close()
 	})
-	go s.decode(stdoutR)
+	go s.st.Decode(stdoutR, s.started, s.log())
 	if err := task.Start(ctx); err != nil {
 		return nil, runtime.Infra("start sandbox", err)
 	}
@@ -258,46 +251,18 @@ func (s *sandbox) onDestroy(f func(context.Context)) {
 	s.cleanups = append(s.cleanups, f)
 }
 
-// decode reads the driver's frames until the stream ends.
-func (s *sandbox) decode(r io.Reader) {
-	defer close(s.gone)
-	fr := driver.NewReader(r)
-	for {
-		t, p, err := fr.Next()
-		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
-				s.log().Warn("driver stream", "err", err)
-			}
-			return
-		}
-		if t == driver.FrameHello {
-			kind := "cold"
-			if s.pooled {
-				kind = "pool"
-			}
-			metrics.SandboxStart.WithLabelValues(kind).Observe(time.Since(s.created).Seconds())
-			var h driver.Hello
-			_ = json.Unmarshal(p, &h)
-			select {
-			case s.hello <- h:
-			default:
-			}
-			continue
-		}
-		s.frames <- frame{t, p}
+// started observes the sandbox's start time when its driver says hello.
+func (s *sandbox) started() {
+	kind := "cold"
+	if s.pooled {
+		kind = "pool"
 	}
+	metrics.SandboxStart.WithLabelValues(kind).Observe(time.Since(s.created).Seconds())
 }
 
 // waitHello waits for the driver's first frame.
 func (s *sandbox) waitHello(ctx context.Context) (driver.Hello, error) {
-	select {
-	case h := <-s.hello:
-		return h, nil
-	case <-s.gone:
-		return driver.Hello{}, fmt.Errorf("sandbox ended before its driver was ready: %s", s.diagText())
-	case <-ctx.Done():
-		return driver.Hello{}, ctx.Err()
-	}
+	return s.st.WaitHello(ctx, s.diagText)
 }
 
 func (s *sandbox) diagText() string {
@@ -305,231 +270,50 @@ func (s *sandbox) diagText() string {
 	return d
 }
 
-// run sends the work and collects its output until the driver reports the
-// exit, the timeout passes (the sandbox is killed), or ctx ends.
-//
-// In a session, running out of time or being cancelled interrupts the
-// cell instead: the driver stops it and the session lives on, unless the
-// cell does not stop within interruptWait, when the sandbox is killed and
-// the session with it (Result.SessionLost).
+// run runs one piece of work (exchange.Run) in the sandbox.
 func (s *sandbox) run(ctx context.Context, req runtime.Request, files map[string][]byte, session bool) (runtime.Result, error) {
-	res := runtime.Result{RunID: req.RunID}
-	rich := req.Rich
-	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace, Rich: rich})
-	if err != nil {
-		return res, err
-	}
-	stdout := runtime.NewCappedBuffer(req.Limits.StdoutBytes, runtime.OutputTap(req.Output, runtime.Stdout))
-	stderr := runtime.NewCappedBuffer(req.Limits.StderrBytes, runtime.OutputTap(req.Output, runtime.Stderr))
-	memBefore, memCounted := memoryCounters(s.m.o.DeploymentID, s.id)
-	start := time.Now()
-	go func() {
-		// Fails only when the sandbox is gone, which the loop sees too.
-		_ = s.send(driver.FrameWork, payload)
-	}()
-	timer := time.NewTimer(req.Limits.Timeout)
-	defer timer.Stop()
-
-	var exit *driver.Exit
-	var killedBy, interruptedBy string
-	var grace <-chan time.Time
-	take := func(f frame) {
-		switch f.t {
-		case driver.FrameStdout:
-			_, _ = stdout.Write(f.p)
-		case driver.FrameStderr:
-			_, _ = stderr.Write(f.p)
-		case driver.FrameResult:
-			var r driver.Rich
-			if json.Unmarshal(f.p, &r) == nil {
-				res.Rich = r.Clamp(rich)
-			}
-		case driver.FrameExit:
-			var e driver.Exit
-			if json.Unmarshal(f.p, &e) == nil {
-				exit = &e
-			}
-		}
-	}
-	ctxDone := ctx.Done()
-	interrupt := func(why string) {
-		if session && interruptedBy == "" {
-			interruptedBy = why
-			_ = s.send(driver.FrameInterrupt, nil)
-			grace = time.After(interruptWait)
-			ctxDone = nil
-			return
-		}
-		killedBy = why
-	}
-loop:
-	for exit == nil {
-		select {
-		case f := <-s.frames:
-			take(f)
-		case <-s.gone:
-			// The stream ended: whatever frames are left, then the end.
-			s.drainFrames(take)
-			break loop
-		case <-s.exited:
-			// The sandbox ended before its driver said so: killed from
-			// outside, most likely for memory. The shim may hold the output
-			// stream open after that; take what arrives for a moment.
-			last := time.After(exitedGrace)
-			for drained := false; !drained; {
-				select {
-				case f := <-s.frames:
-					take(f)
-				case <-s.gone:
-					s.drainFrames(take)
-					drained = true
-				case <-last:
-					s.drainFrames(take)
-					drained = true
-				}
-			}
-			break loop
-		case <-timer.C:
-			if interrupt(runtime.ReasonTimeout); killedBy != "" {
-				break loop
-			}
-		case <-ctxDone:
-			if interrupt("cancelled"); killedBy != "" {
-				break loop
-			}
-		case <-grace:
-			// The cell did not stop: the session goes with its sandbox.
-			killedBy = interruptedBy
-			break loop
-		}
-	}
-	res.Duration = time.Since(start)
-	if exit != nil && interruptedBy != "" {
-		// Stopped, the session kept.
-		res.Stdout, res.StdoutTruncated = stdout.Result()
-		res.Stderr, res.StderrTruncated = stderr.Result()
-		res.ExitCode = exit.Code
-		res.SessionLost = exit.Lost
-		res.LimitsHit = exit.Limits
-		if interruptedBy == runtime.ReasonTimeout {
-			res.TimedOut, res.Reason = true, runtime.ReasonTimeout
-			return res, nil
-		}
-		return res, ctx.Err()
-	}
-	if exit != nil {
-		res.LimitsHit = exit.Limits
-	}
-	if req.Trace && exit != nil {
-		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
-		for k, v := range exit.Timings {
-			res.Timings["driver."+k] = v
-		}
-	}
-
-	var status containerd.ExitStatus
-	if exit == nil {
-		// SIGKILL the whole sandbox: SIGTERM can be ignored, and a child that
-		// escaped the init process's group must not survive it.
-		kctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), s.m.o.Namespace), cleanupTimeout)
-		defer cancel()
-		if killedBy != "" {
-			if err := s.task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
-				s.log().Warn("kill sandbox", "err", err)
-			}
-		}
-		select {
-		case <-s.exited:
-			status = s.status
-		case <-kctx.Done():
-			return res, runtime.Infra("sandbox did not stop after SIGKILL", kctx.Err())
-		}
-		// Output that arrived before the end is kept.
-		s.drainFrames(take)
-	}
-	res.Stdout, res.StdoutTruncated = stdout.Result()
-	res.Stderr, res.StderrTruncated = stderr.Result()
-	if res.StdoutTruncated {
-		res.Stdout += fmt.Sprintf(runtime.TruncationMarker, req.Limits.StdoutBytes)
-	}
-	if res.StderrTruncated {
-		res.Stderr += fmt.Sprintf(runtime.TruncationMarker, req.Limits.StderrBytes)
-	}
-	if session && exit == nil {
-		res.SessionLost = true // the sandbox is gone
-	}
-	switch {
-	case killedBy == runtime.ReasonTimeout:
-		if d := s.diagText(); d != "" {
-			s.log().Warn("run timed out; the driver said", "stderr", d)
-		}
-		res.TimedOut, res.Reason = true, runtime.ReasonTimeout
-		res.ExitCode = 128 + int(syscall.SIGKILL)
-		return res, nil
-	case killedBy != "":
-		return res, ctx.Err()
-	case exit != nil && exit.Error != "":
-		return res, runtime.Infra("start code in sandbox", errors.New(exit.Error))
-	case exit != nil:
-		res.ExitCode = exit.Code
-		res.SessionLost = session && exit.Lost
-	default:
-		// The sandbox ended without the driver saying how the code did:
-		// killed from outside (out of memory), or the driver failed.
-		code, _, werr := status.Result()
-		if werr != nil {
-			return res, runtime.Infra("sandbox exit status", werr)
-		}
-		res.ExitCode = int(code)
-		if res.ExitCode == 0 {
-			res.ExitCode = 128 + int(syscall.SIGKILL)
-		}
-		if !s.outOfMemory(res.ExitCode, memBefore, memCounted, 500*time.Millisecond) {
-			return res, runtime.Infra("sandbox ended unexpectedly", fmt.Errorf("exit %d: %s", code, s.diagText()))
-		}
-		res.OOMKilled, res.Reason = true, runtime.ReasonOutOfMemory
-		return res, nil
-	}
-	// A failure may be the memory limit's: a kill by signal 9, or an
-	// allocation refused at the limit.
-	if res.ExitCode != 0 && s.outOfMemory(res.ExitCode, memBefore, memCounted, 300*time.Millisecond) {
-		res.OOMKilled, res.Reason = true, runtime.ReasonOutOfMemory
-		return res, nil
-	}
-	switch {
-	case res.Truncated():
-		res.Reason = runtime.ReasonOutputCapped
-	case res.ExitCode > 128:
-		res.Reason = runtime.ReasonSignal
-	}
-	return res, nil
+	r := &localRun{s: s}
+	r.memBefore, r.counted = memoryCounters(s.m.o.DeploymentID, s.id)
+	return exchange.Run(ctx, r, req, files, session)
 }
 
-// exitedGrace is how long output may trail a sandbox's exit.
-const exitedGrace = 250 * time.Millisecond
-
-// interruptWait is how long an interrupted session cell may take to stop
-// before its sandbox is killed.
-const interruptWait = 3 * time.Second
-
-// send writes one frame to the driver; frames from concurrent callers
-// (the work, an interrupt) never interleave.
-func (s *sandbox) send(t byte, payload []byte) error {
-	s.sendMu.Lock()
-	defer s.sendMu.Unlock()
-	return driver.NewWriter(s.stdin).Write(t, payload)
+// localRun is one run's view of a sandbox for exchange.Run: its memory
+// counts when the run began tell an out-of-memory exit from another.
+type localRun struct {
+	s         *sandbox
+	memBefore memoryCounts
+	counted   bool
 }
 
-// drainFrames hands take the frames already received.
-func (s *sandbox) drainFrames(take func(frame)) {
-	for {
-		select {
-		case f := <-s.frames:
-			take(f)
-		default:
-			return
+func (r *localRun) Stream() *exchange.Stream { return r.s.st }
+func (r *localRun) Exited() <-chan struct{}  { return r.s.exited }
+func (r *localRun) Diag() string             { return r.s.diagText() }
+func (r *localRun) Log() *slog.Logger        { return r.s.log() }
+
+func (r *localRun) Stop(kill bool) error {
+	s := r.s
+	kctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.Background(), s.m.o.Namespace), cleanupTimeout)
+	defer cancel()
+	if kill {
+		if err := s.task.Kill(kctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+			s.log().Warn("kill sandbox", "err", err)
 		}
 	}
+	select {
+	case <-s.exited:
+		return nil
+	case <-kctx.Done():
+		return runtime.Infra("sandbox did not stop after SIGKILL", kctx.Err())
+	}
+}
+
+func (r *localRun) ExitStatus() (int, error) {
+	code, _, err := r.s.status.Result()
+	return int(code), err
+}
+
+func (r *localRun) OutOfMemory(exit int, d time.Duration) bool {
+	return r.s.outOfMemory(exit, r.memBefore, r.counted, d)
 }
 
 // destroy releases everything the sandbox holds, in reverse order, once;

@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/driver"
+	"github.com/airlock-mcp/airlock/runtime/exchange"
 )
 
 // fileOpTimeout bounds one file operation in a session.
@@ -54,7 +54,7 @@ func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOp
 		s.onDestroy(func(context.Context) { unregister() })
 		ss.files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
 	}
-	if err := s.send(driver.FrameSession, nil); err != nil {
+	if err := s.st.Send(driver.FrameSession, nil); err != nil {
 		return nil, runtime.Infra("start session", err)
 	}
 	return ss, nil
@@ -108,36 +108,13 @@ func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResul
 	if ss.closed {
 		return driver.FileResult{}, runtime.ErrSessionClosed
 	}
-	payload, err := json.Marshal(op)
-	if err != nil {
-		return driver.FileResult{}, err
+	res, err := ss.s.st.FileOp(ctx, op, fileOpTimeout)
+	if errors.Is(err, exchange.ErrStreamEnded) {
+		ss.lost = true
+		ss.closeLocked()
+		return res, fmt.Errorf("%w: its sandbox stopped", runtime.ErrSessionClosed)
 	}
-	if err := ss.s.send(driver.FrameFileOp, payload); err != nil {
-		return driver.FileResult{}, runtime.Infra("session file operation", err)
-	}
-	timer := time.NewTimer(fileOpTimeout)
-	defer timer.Stop()
-	for {
-		select {
-		case f := <-ss.s.frames:
-			if f.t != driver.FrameFileResult {
-				continue // stray output between calls
-			}
-			var res driver.FileResult
-			if err := json.Unmarshal(f.p, &res); err != nil {
-				return res, runtime.Infra("session file operation", err)
-			}
-			return res, nil
-		case <-ss.s.gone:
-			ss.lost = true
-			ss.closeLocked()
-			return driver.FileResult{}, fmt.Errorf("%w: its sandbox stopped", runtime.ErrSessionClosed)
-		case <-timer.C:
-			return driver.FileResult{}, runtime.Infra("session file operation", errors.New("no answer in time"))
-		case <-ctx.Done():
-			return driver.FileResult{}, ctx.Err()
-		}
-	}
+	return res, err
 }
 
 // Lost reports whether the session ended because its sandbox or its

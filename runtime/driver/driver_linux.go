@@ -44,6 +44,7 @@ type driver struct {
 	log       io.Writer
 	worker    *worker
 	cells     int
+	hello     Hello // what the driver answers an attach frame with
 
 	// intr is written when the host interrupts the work in progress; the
 	// relay polls its read end (intrFd, non-blocking).
@@ -85,6 +86,9 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	codeDir := fs.String("code-dir", CodeDir, "where the code is written")
 	workspace := fs.String("workspace", Workspace, "the directory file operations are relative to")
 	fileop := fs.Bool("fileop", false, "internal: do one file operation read from stdin, as the calling user")
+	helloOnAttach := fs.Bool("hello-on-attach", false, "say hello only when the host sends an attach frame (Kubernetes attach)")
+	nproc := fs.Int("nproc", 0, "RLIMIT_NPROC for the code's user, when the runtime sets none (Kubernetes); 0: leave it")
+	nofile := fs.Int("nofile", 0, "RLIMIT_NOFILE, when the runtime sets none (Kubernetes); 0: leave it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -100,6 +104,10 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		if m = strings.TrimSpace(m); m != "" {
 			d.modules = append(d.modules, m)
 		}
+	}
+	if err := setLimits(*nproc, *nofile); err != nil {
+		fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
+		return 2
 	}
 	if err := dropBoundingCaps(); err != nil {
 		fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
@@ -134,11 +142,20 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			d.worker, hello.Preloaded = w, true
 		}
 	}
-	if err := d.out.writeJSON(FrameHello, hello); err != nil {
-		return 3
-	}
+	d.hello = hello
 	in := NewReader(stdin)
+	if !*helloOnAttach {
+		if err := d.out.writeJSON(FrameHello, hello); err != nil {
+			return 3
+		}
+	}
 	t, p, err := in.Next()
+	for err == nil && t == FrameAttach {
+		if err := d.out.writeJSON(FrameHello, hello); err != nil {
+			return 3
+		}
+		t, p, err = in.Next()
+	}
 	switch {
 	case err != nil:
 		// The host let this sandbox go before using it.
@@ -225,6 +242,34 @@ func dropBoundingCaps() error {
 	return nil
 }
 
+// setLimits sets the process and open-file limits the runtime left unset:
+// containerd's OCI spec sets them locally; a pod spec cannot, so on
+// Kubernetes the driver does, before it drops its capabilities (lowering a
+// limit needs none, but the order keeps every process after it bound).
+// Core dumps are always off.
+func setLimits(nproc, nofile int) error {
+	set := func(res int, name string, n uint64) error {
+		if err := unix.Setrlimit(res, &unix.Rlimit{Cur: n, Max: n}); err != nil {
+			return fmt.Errorf("set %s to %d: %w", name, n, err)
+		}
+		return nil
+	}
+	if err := set(unix.RLIMIT_CORE, "RLIMIT_CORE", 0); err != nil {
+		return err
+	}
+	if nproc > 0 {
+		if err := set(unix.RLIMIT_NPROC, "RLIMIT_NPROC", uint64(nproc)); err != nil {
+			return err
+		}
+	}
+	if nofile > 0 {
+		if err := set(unix.RLIMIT_NOFILE, "RLIMIT_NOFILE", uint64(nofile)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // reserveMainProcess lowers RLIMIT_NPROC by one for everything the driver
 // starts. gVisor counts a process against the user that created it, so the
 // code's main process, created by the driver as root and then changed to
@@ -260,6 +305,9 @@ type child struct {
 	mu                   sync.Mutex
 	status               syscall.WaitStatus
 	waitErr              error
+	// maxRSS is the peak resident memory, in KiB, of the child and the
+	// descendants it waited for.
+	maxRSS int64
 }
 
 // startChild starts argv as the code's user with fresh output pipes,
@@ -338,6 +386,9 @@ func (d *driver) spawn(argv []string, o spawnOpts) (*child, error) {
 		c.mu.Lock()
 		if err == nil {
 			c.status = st.Sys().(syscall.WaitStatus)
+			if ru, ok := st.SysUsage().(*syscall.Rusage); ok {
+				c.maxRSS = ru.Maxrss
+			}
 		}
 		c.waitErr = err
 		c.mu.Unlock()
@@ -354,10 +405,39 @@ func (c *child) exit() Exit {
 	if c.waitErr != nil {
 		return Exit{Code: 127, Error: "wait for the code: " + c.waitErr.Error()}
 	}
+	e := Exit{Code: c.status.ExitStatus()}
 	if c.status.Signaled() {
-		return Exit{Code: 128 + int(c.status.Signal()), Signal: int(c.status.Signal())}
+		e = Exit{Code: 128 + int(c.status.Signal()), Signal: int(c.status.Signal())}
 	}
-	return Exit{Code: c.status.ExitStatus()}
+	e.MemoryKilled = memoryKilled(e.Code, c.maxRSS, memTotalKiB())
+	return e
+}
+
+// memoryKilled reports whether an exit looks like the memory limit's: a
+// kill by signal 9 (or a shell's 137 for its child's) after the code's
+// processes peaked within a quarter of the sandbox's memory. gVisor kills
+// a task at the limit itself, so no host OOM event says so on Kubernetes;
+// locally the memory cgroup does too. Code that kills itself with signal 9
+// after filling its memory is counted as out of memory: it only labels
+// its own run.
+func memoryKilled(code int, maxRSSKiB, memTotalKiB int64) bool {
+	return code == 128+int(unix.SIGKILL) && memTotalKiB > 0 && maxRSSKiB*4 >= memTotalKiB*3
+}
+
+// memTotalKiB is MemTotal from /proc/meminfo: inside gVisor, the sandbox's
+// memory limit. 0 when unknown.
+func memTotalKiB() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "MemTotal:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 func (c *child) close() {
@@ -953,6 +1033,10 @@ func (d *driver) session(in *Reader) {
 			_ = d.out.writeJSON(FrameExit, exit)
 		case FrameFileOp:
 			_ = d.out.writeJSON(FrameFileResult, d.fileOp(m.p))
+		case FrameAttach:
+			// Another host took the session over; the worker's state is
+			// as it was.
+			_ = d.out.writeJSON(FrameHello, d.hello)
 		}
 	}
 	d.stopWorker()

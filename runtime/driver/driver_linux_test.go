@@ -111,6 +111,11 @@ func startDriver(t *testing.T, args ...string) *peer {
 			<-p.wait()
 		}
 	})
+	for _, a := range args {
+		if a == "--hello-on-attach" {
+			return p // no hello until asked
+		}
+	}
 	if typ, _, err := p.out.Next(); err != nil || typ != FrameHello {
 		t.Fatalf("first frame %q, %v; want hello", typ, err)
 	}
@@ -228,6 +233,56 @@ func TestOneShot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A driver started for Kubernetes says hello only when asked, as often as
+// asked, and sets the limits a pod spec cannot.
+func TestHelloOnAttachAndLimits(t *testing.T) {
+	t.Run("no hello before the first frame", func(t *testing.T) {
+		p := startDriver(t, "--hello-on-attach")
+		p.send(FrameWork, Work{Lang: "shell", Code: "echo hi"})
+		if typ, payload, err := p.next(time.Minute); err != nil || typ != FrameStdout || string(payload) != "hi\n" {
+			t.Fatalf("first frame %q %q, %v; want the work's output, no hello", typ, payload, err)
+		}
+	})
+	t.Run("hello for every attach, then work", func(t *testing.T) {
+		p := startDriver(t, "--hello-on-attach", "--nproc", "6", "--nofile", "256")
+		for i := 0; i < 2; i++ {
+			if err := p.in.Write(FrameAttach, nil); err != nil {
+				t.Fatal(err)
+			}
+			if typ, _, err := p.next(time.Minute); err != nil || typ != FrameHello {
+				t.Fatalf("attach %d: frame %q, %v; want hello", i, typ, err)
+			}
+		}
+		p.send(FrameWork, Work{Lang: "python", Code: "import resource as r\nprint([r.getrlimit(x) for x in (r.RLIMIT_NPROC, r.RLIMIT_NOFILE, r.RLIMIT_CORE)])"})
+		// One process is the code's own, reserved out of --nproc.
+		if r := p.collect(); r.stdout != "[(5, 5), (256, 256), (0, 0)]\n" {
+			t.Errorf("limits = %q (stderr %q); want nproc 5, nofile 256, core 0", r.stdout, r.stderr)
+		}
+	})
+	t.Run("a session answers an attach with its hello", func(t *testing.T) {
+		p := startDriver(t, "--hello-on-attach", "--preload-modules=")
+		if err := p.in.Write(FrameAttach, nil); err != nil {
+			t.Fatal(err)
+		}
+		if typ, _, err := p.next(time.Minute); err != nil || typ != FrameHello {
+			t.Fatalf("frame %q, %v; want hello", typ, err)
+		}
+		p.send(FrameSession, struct{}{})
+		p.send(FrameWork, Work{Lang: "python", Code: "x = 41"})
+		p.collect()
+		if err := p.in.Write(FrameAttach, nil); err != nil {
+			t.Fatal(err)
+		}
+		if typ, _, err := p.next(time.Minute); err != nil || typ != FrameHello {
+			t.Fatalf("re-attach: frame %q, %v; want hello", typ, err)
+		}
+		p.send(FrameWork, Work{Lang: "python", Code: "print(x + 1)"})
+		if r := p.collect(); r.stdout != "42\n" {
+			t.Errorf("after re-attach: %q (stderr %q); want the session's state", r.stdout, r.stderr)
+		}
+	})
 }
 
 func TestTracebackNamesTheUsersLines(t *testing.T) {
@@ -474,5 +529,27 @@ func TestSessionCallLeavesNoProcess(t *testing.T) {
 	// The session and its interpreter's state survive the sweeps.
 	if r := cell("python", "import os\nprint(kept, len([p for p in os.listdir('/proc') if p.isdigit()]) > 0)"); r.stdout != "state True\n" {
 		t.Fatalf("session after the sweeps: %+v", r)
+	}
+}
+
+func TestMemoryKilled(t *testing.T) {
+	const limit = 256 << 10 // KiB
+	cases := []struct {
+		name        string
+		code        int
+		rss, memTot int64
+		want        bool
+	}{
+		{"killed by 9 at the limit (gVisor's kill)", 137, 236 << 10, limit, true},
+		{"killed by 9 at three quarters", 137, limit * 3 / 4, limit, true},
+		{"killed by 9 with little memory", 137, 20 << 10, limit, false},
+		{"a failure near the limit, not a kill", 1, 250 << 10, limit, false},
+		{"SIGTERM near the limit", 143, 250 << 10, limit, false},
+		{"limit unknown", 137, 250 << 10, 0, false},
+	}
+	for _, c := range cases {
+		if got := memoryKilled(c.code, c.rss, c.memTot); got != c.want {
+			t.Errorf("%s: memoryKilled(%d, %d, %d) = %v, want %v", c.name, c.code, c.rss, c.memTot, got, c.want)
+		}
 	}
 }

@@ -50,6 +50,13 @@ const (
 	// FrameInterrupt (host → driver): stop the work in progress (a
 	// session's cell that ran out of time), keeping the session if it can.
 	FrameInterrupt byte = 'I'
+	// FrameAttach (host → driver): a host has attached to the driver's
+	// stdio and asks for Hello. Only a driver started with
+	// --hello-on-attach waits for it (on Kubernetes, output written before
+	// anyone attached is lost to the attacher); it answers every one that
+	// comes while it waits for work, and in a session, so a host may repeat
+	// it and another host may take a session over.
+	FrameAttach byte = 'A'
 )
 
 // MaxFrame bounds a frame's payload. The host refuses larger frames, so a
@@ -170,6 +177,9 @@ type Exit struct {
 	Lost bool `json:"lost,omitempty"`
 	// Limits are limits the driver saw the code hit (LimitDisk).
 	Limits []string `json:"limits,omitempty"`
+	// MemoryKilled says the code was killed by signal 9 with its memory
+	// near the sandbox's limit (gVisor's own kill at the limit).
+	MemoryKilled bool `json:"memory_killed,omitempty"`
 }
 
 // LimitDisk in Exit.Limits: the code filled /workspace or /tmp.

@@ -1,0 +1,180 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/airlock-mcp/airlock/metrics"
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/exchange"
+)
+
+// Labels on everything this backend creates. Cleanup finds pods by these
+// and by owner references, never by name.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	ManagedBy      = "airlock"
+	LabelInstance  = "airlock.dev/instance"
+	LabelRun       = "airlock.dev/run"
+)
+
+// Options configure a Manager.
+type Options struct {
+	Client kubernetes.Interface
+	// REST is the client's configuration, for the attach streams.
+	REST      *rest.Config
+	Namespace string
+	// InstanceID names this airlock process: its Lease owns its pods.
+	InstanceID    string
+	Image         string
+	RuntimeClass  string
+	NodeSelector  map[string]string
+	Tolerations   []corev1.Toleration
+	SchedulerName string
+	// ScheduleTimeout bounds how long a pod may wait for a node; past it,
+	// the run fails and counts for the breaker.
+	ScheduleTimeout time.Duration
+	UID, GID        uint32
+	// Env is extra fixed variables the operator grants every sandbox.
+	Env map[string]string
+	// Concurrency, Queue and QueueWait bound runs, as locally.
+	Concurrency, Queue int
+	QueueWait          time.Duration
+	Breaker            runtime.BreakerOptions
+	Log                *slog.Logger
+}
+
+// Manager runs each request in a pod of its own under gVisor, on a
+// Kubernetes cluster. It implements runtime.Manager.
+type Manager struct {
+	o         Options
+	admission *runtime.Admission
+	breaker   *runtime.Breaker
+	lease     *instanceLease
+	teardowns sync.WaitGroup
+}
+
+// New checks the options and registers this instance (its Lease, which
+// owns every pod it makes, so the garbage collector removes them when the
+// Lease goes: at Close, or when another instance finds it expired).
+func New(ctx context.Context, o Options) (*Manager, error) {
+	switch {
+	case o.Client == nil || o.REST == nil:
+		return nil, errors.New("kubernetes backend: no client")
+	case o.Namespace == "" || o.InstanceID == "":
+		return nil, errors.New("kubernetes backend: namespace and instance id are required")
+	case o.Concurrency < 1:
+		return nil, errors.New("kubernetes backend: concurrency must be at least 1")
+	case o.ScheduleTimeout <= 0:
+		return nil, errors.New("kubernetes backend: kubernetes.schedule_timeout must be positive")
+	}
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	quietClientGo(o.Log)
+	m := &Manager{o: o,
+		admission: runtime.NewAdmission(o.Concurrency, o.Queue, o.QueueWait),
+		breaker:   runtime.NewBreaker(o.Breaker),
+	}
+	l, err := startLease(ctx, o.Client, o.Namespace, o.InstanceID, o.Log)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes backend: %w", err)
+	}
+	m.lease = l
+	return m, nil
+}
+
+// Admission is the manager's run admission (for metrics).
+func (m *Manager) Admission() *runtime.Admission { return m.admission }
+
+// Breaker is the manager's circuit breaker.
+func (m *Manager) Breaker() *runtime.Breaker { return m.breaker }
+
+// WaitTeardowns waits until every pod of a finished run is gone.
+func (m *Manager) WaitTeardowns() { m.teardowns.Wait() }
+
+// Run implements runtime.Manager: a new pod for the run, the code in over
+// the pod's attach stream, the pod deleted afterwards (holding the run's
+// slot until it is gone).
+func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result, error) {
+	if req.RunID == "" {
+		req.RunID = runtime.NewRunID()
+	}
+	res := runtime.Result{RunID: req.RunID}
+	if req.Language != runtime.Python && req.Language != runtime.Shell {
+		return res, fmt.Errorf("unknown language %q", req.Language)
+	}
+	if req.Egress != nil {
+		return res, errors.New("runtime: the kubernetes backend offers no network yet (leave network.allow_domains empty)")
+	}
+	release, err := m.admission.Acquire(ctx)
+	if err != nil {
+		return res, err
+	}
+	log := m.o.Log.With("run", req.RunID)
+	start := time.Now()
+	p, err := m.create(ctx, req.RunID, req.Limits)
+	if err != nil {
+		release()
+		return res, err
+	}
+	m.teardowns.Add(1)
+	defer func() {
+		go func() {
+			defer m.teardowns.Done()
+			defer release()
+			p.destroy()
+		}()
+	}()
+	startRun := time.Now()
+	res, err = exchange.Run(ctx, p, req, nil, false)
+	if res.Timings != nil {
+		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
+		for k, v := range p.steps {
+			res.Timings["create."+k] = v
+		}
+	}
+	log.Info("run finished", "backend", "kubernetes", "pod", p.name, "lang", req.Language, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
+	return res, err
+}
+
+// create makes a pod for a run and waits until its driver says hello,
+// through the breaker: failures of the cluster count, a caller giving up
+// does not.
+func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits) (_ *pod, err error) {
+	done, err := m.breaker.Allow()
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		switch {
+		case err == nil:
+			done(nil)
+		case ctx.Err() != nil:
+			done(runtime.ErrNotCounted)
+		default:
+			done(err)
+		}
+	}()
+	p, err := m.startPod(ctx, runID, lim)
+	if err != nil {
+		return nil, err
+	}
+	metrics.SandboxStart.WithLabelValues("cold").Observe(time.Since(p.created).Seconds())
+	return p, nil
+}
+
+// Close deletes every pod this instance still has, then its Lease. It
+// does not wait for the kubelet to finish with them: a stdio server must
+// leave within a desktop client's two seconds.
+func (m *Manager) Close(ctx context.Context) error {
+	return m.lease.stop(ctx)
+}

@@ -1,0 +1,186 @@
+package kube
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/airlock-mcp/airlock/runtime"
+)
+
+func testLimits() runtime.Limits {
+	return runtime.Limits{Timeout: 60 * time.Second, MemoryBytes: 256 << 20, CPUs: 1, Pids: 64,
+		StdoutBytes: 64 << 10, StderrBytes: 64 << 10, WorkspaceBytes: 64 << 20, TmpBytes: 64 << 20}
+}
+
+// testManager starts a Manager on a namespace of the test's own.
+func testManager(t *testing.T, concurrency int) (*Manager, *kubernetes.Clientset, string) {
+	t.Helper()
+	cs, cfg := needCluster(t)
+	ns := testNamespace(t, cs)
+	m, err := New(context.Background(), Options{
+		Client: cs, REST: cfg, Namespace: ns, InstanceID: runtime.NewRunID(),
+		Image: testImage, RuntimeClass: "gvisor", ScheduleTimeout: time.Minute,
+		UID: 1000, GID: 1000, Env: map[string]string{"GRANTED": "yes"},
+		Concurrency: concurrency, Queue: 16, QueueWait: 5 * time.Minute,
+		Breaker: runtime.BreakerOptions{Failures: 0},
+		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		m.WaitTeardowns()
+		if err := m.Close(context.Background()); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return m, cs, ns
+}
+
+// instancePods lists the pods a manager's instance has on the cluster.
+func instancePods(t *testing.T, cs *kubernetes.Clientset, ns string, m *Manager) int {
+	t.Helper()
+	list, err := cs.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: LabelInstance + "=" + m.InstanceID()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(list.Items)
+}
+
+// The core cases of the local backend, each in a pod of its own, with
+// the same results; and nothing of the runs left on the cluster.
+func TestManagerRunsInPods(t *testing.T) {
+	m, cs, ns := testManager(t, 2)
+	t.Setenv("AIRLOCK_SERVER_SECRET", "must-not-be-seen")
+	lim := testLimits()
+	short := lim
+	short.Timeout = 3 * time.Second
+	flood := lim
+	flood.StdoutBytes = 1000
+	small := lim
+	small.MemoryBytes = 128 << 20
+	few := lim
+	few.Pids = 16
+	cases := []struct {
+		name string
+		lang runtime.Language
+		code string
+		lim  runtime.Limits
+		ok   func(r runtime.Result) bool
+	}{
+		{"gVisor's kernel", runtime.Python, "import platform; print(platform.release())", lim,
+			func(r runtime.Result) bool { return r.ExitCode == 0 && strings.Contains(r.Stdout, "gvisor") }},
+		{"exit code", runtime.Shell, "echo out; echo err >&2; exit 3", lim,
+			func(r runtime.Result) bool { return r.ExitCode == 3 && r.Stdout == "out\n" && r.Stderr == "err\n" }},
+		{"not root", runtime.Python, "import os; print(os.getuid(), os.getgid())", lim,
+			func(r runtime.Result) bool { return r.Stdout == "1000 1000\n" }},
+		{"read-only root", runtime.Shell, "touch /x 2>/dev/null; echo $?", lim,
+			func(r runtime.Result) bool { return strings.TrimSpace(r.Stdout) != "0" }},
+		{"capped workspace", runtime.Shell, "df -k /workspace | tail -1", lim,
+			func(r runtime.Result) bool { return strings.Contains(r.Stdout, "65536") }},
+		{"no network", runtime.Shell, "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", lim,
+			func(r runtime.Result) bool { return strings.TrimSpace(r.Stdout) == "lo" }},
+		{"only the granted environment", runtime.Shell, "env", lim,
+			func(r runtime.Result) bool {
+				return strings.Contains(r.Stdout, "GRANTED=yes") && !strings.Contains(r.Stdout, "must-not-be-seen")
+			}},
+		{"timeout kills the pod", runtime.Shell, "echo started; sleep 60", short,
+			func(r runtime.Result) bool {
+				return r.TimedOut && r.Reason == runtime.ReasonTimeout && r.Stdout == "started\n"
+			}},
+		{"output capped", runtime.Python, "print('o' * 100000)", flood,
+			func(r runtime.Result) bool {
+				return r.StdoutTruncated && r.Reason == runtime.ReasonOutputCapped && strings.HasPrefix(r.Stdout, strings.Repeat("o", 1000))
+			}},
+		{"memory bomb", runtime.Python, "b = []\nwhile True: b.append(bytearray(16 << 20))", small,
+			func(r runtime.Result) bool { return r.OOMKilled && r.Reason == runtime.ReasonOutOfMemory }},
+		{"fork bomb contained", runtime.Python, "import os\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n            import time; time.sleep(30); os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('stopped at', n, e.errno)", few,
+			func(r runtime.Result) bool { return strings.HasPrefix(r.Stdout, "stopped at") && !r.TimedOut }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := m.Run(context.Background(), runtime.Request{Language: c.lang, Code: c.code, Limits: c.lim})
+			if err != nil || !c.ok(r) {
+				t.Errorf("result %+v, err %v", r, err)
+			}
+		})
+	}
+	m.WaitTeardowns()
+	if n := instancePods(t, cs, ns, m); n != 0 {
+		t.Errorf("%d pods of this instance left after the runs", n)
+	}
+}
+
+// A cancelled run's pod goes, and the run says it was cancelled.
+func TestManagerCancel(t *testing.T) {
+	m, cs, ns := testManager(t, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	out := make(chan struct{}, 1)
+	req := runtime.Request{Language: runtime.Shell, Code: "echo go; sleep 60", Limits: testLimits(),
+		Output: func(runtime.Stream, []byte) {
+			select {
+			case out <- struct{}{}:
+			default:
+			}
+		}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Run(ctx, req)
+		done <- err
+	}()
+	<-out
+	cancel()
+	if err := <-done; err != context.Canceled {
+		t.Errorf("err %v, want context.Canceled", err)
+	}
+	m.WaitTeardowns()
+	if n := instancePods(t, cs, ns, m); n != 0 {
+		t.Errorf("%d pods left after a cancelled run", n)
+	}
+}
+
+// An instance's Lease is found expired only once it stopped renewing; a
+// sweep deletes it (the garbage collector then deletes its pods) and
+// leaves live and foreign Leases alone.
+func TestSweepExpiredLeases(t *testing.T) {
+	cs, _ := needCluster(t)
+	ns := testNamespace(t, cs)
+	ctx := context.Background()
+	mk := func(name string, labels map[string]string, renewed time.Time) {
+		secs := int32(30)
+		rt := metav1.NewMicroTime(renewed)
+		_, err := cs.CoordinationV1().Leases(ns).Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Spec:       coordinationv1.LeaseSpec{LeaseDurationSeconds: &secs, RenewTime: &rt},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	ours := func(id string) map[string]string {
+		return map[string]string{LabelManagedBy: ManagedBy, LabelInstance: id}
+	}
+	now := time.Now()
+	mk("airlock-dead", ours("dead"), now.Add(-2*time.Minute))
+	mk("airlock-alive", ours("alive"), now)
+	mk("someone-elses", map[string]string{"app": "x"}, now.Add(-time.Hour))
+	n, err := SweepExpired(ctx, cs, ns, now)
+	if err != nil || n != 1 {
+		t.Fatalf("swept %d, %v; want 1", n, err)
+	}
+	for name, want := range map[string]bool{"airlock-dead": false, "airlock-alive": true, "someone-elses": true} {
+		_, err := cs.CoordinationV1().Leases(ns).Get(ctx, name, metav1.GetOptions{})
+		if got := !apierrors.IsNotFound(err); got != want {
+			t.Errorf("lease %s exists = %v, want %v (%v)", name, got, want, err)
+		}
+	}
+}

@@ -1,0 +1,410 @@
+package kube
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/streaming/pkg/httpstream"
+
+	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/driver"
+	"github.com/airlock-mcp/airlock/runtime/exchange"
+)
+
+// pod is one sandbox pod and the attach stream to its driver. It
+// implements exchange.Sandbox.
+type pod struct {
+	m       *Manager
+	name    string
+	log     *slog.Logger
+	st      *exchange.Stream
+	diag    *runtime.CappedBuffer
+	stdinW  *io.PipeWriter
+	stdoutW *io.PipeWriter
+	cancel  context.CancelFunc // ends the attach stream
+	created time.Time
+	steps   map[string]float64
+
+	mu         sync.Mutex
+	terminated *corev1.ContainerStateTerminated
+	destroyed  bool
+}
+
+// helloTimeout bounds the wait for the driver once the pod runs.
+const helloTimeout = 60 * time.Second
+
+// attachRepeat is how often the attach frame is repeated until the driver
+// answers: the runtime may wire the attacher's stdin a moment before its
+// stdout, and a Hello written in between reaches nobody.
+const attachRepeat = 250 * time.Millisecond
+
+// teardownTimeout bounds the deletion of a pod after its run.
+const teardownTimeout = 2 * time.Minute
+
+func (p *pod) step(name string) {
+	p.steps[name] = float64(time.Since(p.created).Microseconds()) / 1000
+}
+
+// startPod creates the pod of a run, waits for it to run, attaches to its
+// driver and waits for its hello. On error the pod is deleted.
+func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits) (_ *pod, err error) {
+	p := &pod{m: m, name: "airlock-" + runID, st: exchange.NewStream(), diag: runtime.NewCappedBuffer(8<<10, nil), created: time.Now(), steps: map[string]float64{}}
+	p.log = m.o.Log.With("pod", p.name, "run", runID)
+	spec, err := Pod(PodPolicy{
+		Name: p.name, Namespace: m.o.Namespace,
+		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelInstance: m.o.InstanceID, LabelRun: runID},
+		Owner:  m.lease.owner(),
+		Image:  m.o.Image, RuntimeClass: m.o.RuntimeClass,
+		UID: m.o.UID, GID: m.o.GID,
+		Env:    runtime.BuildEnv(m.o.Env),
+		Limits: lim,
+		// A backstop only: airlock deletes the pod at the run's deadline.
+		DeadlineSeconds: int64((lim.Timeout + m.o.ScheduleTimeout + helloTimeout + time.Minute) / time.Second),
+		NodeSelector:    m.o.NodeSelector, Tolerations: m.o.Tolerations, SchedulerName: m.o.SchedulerName,
+	})
+	if err != nil {
+		return nil, err
+	}
+	pods := m.o.Client.CoreV1().Pods(m.o.Namespace)
+	if _, err := pods.Create(ctx, spec, metav1.CreateOptions{}); err != nil {
+		return nil, createError(err, lim)
+	}
+	p.step("created")
+	defer func() {
+		if err != nil {
+			p.destroy()
+		}
+	}()
+	if err := p.waitRunning(ctx); err != nil {
+		return nil, err
+	}
+	p.step("running")
+	if err := p.attach(ctx); err != nil {
+		return nil, err
+	}
+	p.step("hello")
+	return p, nil
+}
+
+// createError says why the API server refused a pod, in words that name
+// the fix.
+func createError(err error, lim runtime.Limits) error {
+	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota") {
+		return runtime.Infra("create sandbox pod", fmt.Errorf("the namespace's ResourceQuota has no room for a sandbox of %d MiB and %g CPU (raise the quota or lower limits.concurrency): %w", lim.MemoryBytes>>20, lim.CPUs, err))
+	}
+	return runtime.Infra("create sandbox pod", err)
+}
+
+// waitRunning watches the pod until its container runs. A pod no node can
+// take within kubernetes.schedule_timeout, an image the node does not
+// have, or a container that ended already fails the run with the
+// cluster's own words.
+func (p *pod) waitRunning(ctx context.Context) error {
+	o := p.m.o
+	deadline := time.NewTimer(o.ScheduleTimeout)
+	defer deadline.Stop()
+	w, err := o.Client.CoreV1().Pods(o.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", p.name).String()})
+	if err != nil {
+		return runtime.Infra("watch sandbox pod", err)
+	}
+	defer w.Stop()
+	var last *corev1.Pod
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return runtime.Infra("sandbox pod not running", fmt.Errorf("after %v: %s", o.ScheduleTimeout, pending(last)))
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return runtime.Infra("watch sandbox pod", errors.New("the watch ended"))
+			}
+			if ev.Type == watch.Deleted {
+				return runtime.Infra("sandbox pod", errors.New("deleted before it ran"))
+			}
+			po, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			last = po
+			if cs := containerStatus(po); cs != nil {
+				switch {
+				case cs.State.Running != nil:
+					return nil
+				case cs.State.Terminated != nil:
+					return runtime.Infra("sandbox pod", fmt.Errorf("its container ended before airlock attached: %s (exit %d) %s", cs.State.Terminated.Reason, cs.State.Terminated.ExitCode, cs.State.Terminated.Message))
+				case cs.State.Waiting != nil && fatalWaiting[cs.State.Waiting.Reason]:
+					return runtime.Infra("sandbox pod", fmt.Errorf("%s: %s", cs.State.Waiting.Reason, cs.State.Waiting.Message))
+				}
+			}
+			if po.Status.Phase == corev1.PodFailed || po.Status.Phase == corev1.PodSucceeded {
+				return runtime.Infra("sandbox pod", fmt.Errorf("ended before it ran: %s %s", po.Status.Reason, po.Status.Message))
+			}
+		}
+	}
+}
+
+// fatalWaiting are container waiting reasons that no amount of waiting
+// mends.
+var fatalWaiting = map[string]bool{
+	"ErrImageNeverPull": true, "InvalidImageName": true, "CreateContainerConfigError": true,
+	"CreateContainerError": true, "RunContainerError": true, "ImagePullBackOff": true, "ErrImagePull": true,
+}
+
+// pending says why a pod is not running yet: the scheduler's words when
+// no node takes it.
+func pending(po *corev1.Pod) string {
+	if po == nil {
+		return "the API server said nothing of the pod"
+	}
+	for _, c := range po.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue {
+			return "no node can take the sandbox: " + c.Message
+		}
+	}
+	if cs := containerStatus(po); cs != nil && cs.State.Waiting != nil {
+		return fmt.Sprintf("container waiting: %s %s", cs.State.Waiting.Reason, cs.State.Waiting.Message)
+	}
+	return "pod " + string(po.Status.Phase)
+}
+
+func containerStatus(po *corev1.Pod) *corev1.ContainerStatus {
+	for i := range po.Status.ContainerStatuses {
+		if po.Status.ContainerStatuses[i].Name == Container {
+			return &po.Status.ContainerStatuses[i]
+		}
+	}
+	return nil
+}
+
+// attach opens the pod's attach stream (WebSocket, SPDY when the server
+// cannot upgrade to it) and waits for the driver's hello, repeating the
+// attach frame until it comes.
+func (p *pod) attach(ctx context.Context) error {
+	o := p.m.o
+	req := o.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(o.Namespace).Name(p.name).SubResource("attach").
+		VersionedParams(&corev1.PodAttachOptions{Container: Container, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ws, err := remotecommand.NewWebSocketExecutor(o.REST, "GET", req.URL().String())
+	if err != nil {
+		return runtime.Infra("attach to sandbox pod", err)
+	}
+	spdy, err := remotecommand.NewSPDYExecutor(o.REST, "POST", req.URL())
+	if err != nil {
+		return runtime.Infra("attach to sandbox pod", err)
+	}
+	ex, err := remotecommand.NewFallbackExecutor(ws, spdy, func(err error) bool {
+		return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+	})
+	if err != nil {
+		return runtime.Infra("attach to sandbox pod", err)
+	}
+	stdinR, stdinW := io.Pipe()
+	stdoutR, stdoutW := io.Pipe()
+	p.stdinW, p.stdoutW = stdinW, stdoutW
+	p.st.SetInput(stdinW)
+	// The stream lives as long as the pod: not bound to the caller's ctx,
+	// which may end before the teardown.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p.cancel = cancel
+	go func() {
+		err := ex.StreamWithContext(sctx, remotecommand.StreamOptions{Stdin: stdinR, Stdout: stdoutW, Stderr: p.diag})
+		if err != nil && sctx.Err() == nil {
+			p.log.Debug("attach stream ended", "err", err)
+		}
+		stdoutW.Close()
+		stdinR.Close()
+	}()
+	go p.st.Decode(stdoutR, nil, p.log)
+	hctx, hcancel := context.WithTimeout(ctx, helloTimeout)
+	defer hcancel()
+	go func() {
+		t := time.NewTicker(attachRepeat)
+		defer t.Stop()
+		for {
+			if err := p.st.Send(driver.FrameAttach, nil); err != nil {
+				return
+			}
+			select {
+			case <-hctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	if _, err := p.st.WaitHello(hctx, p.diagText); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return runtime.Infra("sandbox driver not ready", err)
+	}
+	return nil
+}
+
+func (p *pod) diagText() string {
+	d, _ := p.diag.Result()
+	return d
+}
+
+// The exchange.Sandbox of a pod.
+
+func (p *pod) Stream() *exchange.Stream { return p.st }
+
+// Exited is nil: a pod's end is seen when its attach stream ends.
+func (p *pod) Exited() <-chan struct{} { return nil }
+func (p *pod) Diag() string            { return p.diagText() }
+func (p *pod) Log() *slog.Logger       { return p.log }
+
+// Stop ends the pod when kill is set (deleted at once, grace 0: every
+// process in it gets SIGKILL), and waits, bounded, until its container
+// has ended.
+func (p *pod) Stop(kill bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
+	defer cancel()
+	if kill {
+		p.delete(ctx)
+		return nil
+	}
+	if _, err := p.waitTerminated(ctx, 30*time.Second); err != nil {
+		return runtime.Infra("sandbox pod did not end", err)
+	}
+	return nil
+}
+
+// ExitStatus is the container's exit code once it has ended.
+func (p *pod) ExitStatus() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t, err := p.waitTerminated(ctx, 30*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	return int(t.ExitCode), nil
+}
+
+// OutOfMemory reports what the kubelet says: a container ended by the
+// memory limit is terminated with reason OOMKilled. A code exit the
+// driver reported is judged by the same status, when the sandbox ended
+// with it.
+func (p *pod) OutOfMemory(exit int, d time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Second)
+	defer cancel()
+	t, err := p.waitTerminated(ctx, d)
+	return err == nil && t.Reason == "OOMKilled"
+}
+
+// waitTerminated waits up to d for the container's terminated state.
+func (p *pod) waitTerminated(ctx context.Context, d time.Duration) (*corev1.ContainerStateTerminated, error) {
+	p.mu.Lock()
+	t := p.terminated
+	p.mu.Unlock()
+	if t != nil {
+		return t, nil
+	}
+	o := p.m.o
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	w, err := o.Client.CoreV1().Pods(o.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", p.name).String()})
+	if err != nil {
+		return nil, err
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the container had not ended after %v", d)
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return nil, errors.New("the watch ended")
+			}
+			po, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			if cs := containerStatus(po); cs != nil && cs.State.Terminated != nil {
+				p.mu.Lock()
+				p.terminated = cs.State.Terminated.DeepCopy()
+				t = p.terminated
+				p.mu.Unlock()
+				return t, nil
+			}
+			if ev.Type == watch.Deleted {
+				return nil, errors.New("the pod was deleted")
+			}
+		}
+	}
+}
+
+// delete asks for the pod's deletion with no grace period.
+func (p *pod) delete(ctx context.Context) {
+	grace := int64(0)
+	err := p.m.o.Client.CoreV1().Pods(p.m.o.Namespace).Delete(ctx, p.name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+	if err != nil && !apierrors.IsNotFound(err) {
+		p.log.Warn("delete sandbox pod", "err", err)
+	}
+}
+
+// destroy deletes the pod and waits until the API server has let it go,
+// then ends the stream; once, on every path.
+func (p *pod) destroy() {
+	p.mu.Lock()
+	if p.destroyed {
+		p.mu.Unlock()
+		return
+	}
+	p.destroyed = true
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
+	defer cancel()
+	p.delete(ctx)
+	if err := p.waitGone(ctx); err != nil {
+		p.log.Error("sandbox pod not gone", "err", err)
+	}
+	if p.cancel != nil {
+		p.cancel()
+	}
+	if p.stdinW != nil {
+		p.stdinW.Close()
+		p.stdoutW.Close()
+	}
+}
+
+// waitGone waits until the pod no longer exists.
+func (p *pod) waitGone(ctx context.Context) error {
+	o := p.m.o
+	pods := o.Client.CoreV1().Pods(o.Namespace)
+	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", p.name).String()})
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	// Gone before the watch began: nothing will come.
+	if _, err := pods.Get(ctx, p.name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		return nil
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return errors.New("the watch ended")
+			}
+			if ev.Type == watch.Deleted {
+				return nil
+			}
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime"
+)
+
+// Connect returns a client of the cluster kubernetes.kubeconfig names, or
+// of the cluster airlock runs in when it names none.
+func Connect(k config.KubernetesConfig) (*kubernetes.Clientset, *rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if k.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes backend: cluster config (kubernetes.kubeconfig): %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubernetes backend: client: %w", err)
+	}
+	return cs, cfg, nil
+}
+
+// Up connects to the cluster, checks that the namespace and runtime class
+// exist, removes what airlock instances that died left there (their
+// expired Leases, and so their pods), and starts a Manager for this
+// process.
+func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, error) {
+	k := cfg.Kubernetes
+	cs, rc, err := Connect(k)
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := cs.CoreV1().Namespaces().Get(cctx, k.Namespace, metav1.GetOptions{}); err != nil {
+		return nil, fmt.Errorf("kubernetes backend: namespace %s (kubernetes.namespace; create it, or see `airlock doctor`): %w", k.Namespace, err)
+	}
+	if _, err := cs.NodeV1().RuntimeClasses().Get(cctx, k.RuntimeClass, metav1.GetOptions{}); err != nil {
+		return nil, fmt.Errorf("kubernetes backend: runtime class %s (kubernetes.runtime_class; a RuntimeClass whose handler is runsc): %w", k.RuntimeClass, err)
+	}
+	if n, err := SweepExpired(cctx, cs, k.Namespace, time.Now()); err != nil {
+		log.Warn("kubernetes backend: sweep of dead instances failed", "err", err)
+	} else if n > 0 {
+		log.Info("kubernetes backend: removed the leases (and so the pods) of dead instances", "count", n)
+	}
+	tol := make([]corev1.Toleration, 0, len(k.Tolerations))
+	for _, t := range k.Tolerations {
+		tol = append(tol, corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOperator(t.Operator), Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+	}
+	l := cfg.Limits
+	return New(ctx, Options{
+		Client: cs, REST: rc, Namespace: k.Namespace, InstanceID: runtime.NewRunID(),
+		Image: k.SandboxImage(cfg.Image), RuntimeClass: k.RuntimeClass,
+		NodeSelector: k.NodeSelector, Tolerations: tol, SchedulerName: k.SchedulerName,
+		ScheduleTimeout: k.ScheduleTimeout,
+		UID:             uint32(cfg.Sandbox.UID), GID: uint32(cfg.Sandbox.GID),
+		Env:         cfg.Sandbox.Env,
+		Concurrency: l.Concurrency, Queue: l.Queue, QueueWait: time.Duration(l.QueueWaitS) * time.Second,
+		Breaker: runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
+		Log:     log,
+	})
+}
+
+// Ready reports whether the cluster answers and this instance's Lease is
+// there.
+func (m *Manager) Ready(ctx context.Context) error {
+	_, err := m.o.Client.CoordinationV1().Leases(m.o.Namespace).Get(ctx, m.lease.name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("kubernetes API: %w", err)
+	}
+	return nil
+}
+
+// InstanceID names this airlock process on the cluster.
+func (m *Manager) InstanceID() string { return m.o.InstanceID }

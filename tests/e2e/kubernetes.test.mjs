@@ -1,0 +1,183 @@
+// The Kubernetes backend end to end: `airlock serve` with
+// runtime.backend: kubernetes over stdio, driven by the official SDK,
+// against the test cluster scripts/cluster.sh runs (make test starts it).
+// The same core cases as the local backend's suite, each run in a gVisor
+// pod of its own, and nothing of airlock's left on the cluster afterwards.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { promisify } from 'node:util';
+
+import { Client } from '@modelcontextprotocol/sdk/client/index.js';
+import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
+
+import { AIRLOCK_BIN, marker, waitFor } from './lib.mjs';
+
+const execFileP = promisify(execFile);
+const KUBECONFIG = process.env.AIRLOCK_KUBECONFIG || '/var/lib/airlock-k8s/admin.conf';
+const KUBECTL = process.env.AIRLOCK_KUBECTL || '/usr/local/lib/airlock/k8s/bin/kubectl';
+const STDOUT_CAP = 4096;
+
+async function kubectl(...args) {
+  const { stdout } = await execFileP(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { timeout: 60_000, maxBuffer: 16 << 20 });
+  return stdout;
+}
+
+/** Names of the objects of a kind in ns that airlock labelled as its own. */
+async function airlockObjects(ns, kind) {
+  const out = await kubectl('-n', ns, 'get', kind, '-l', 'app.kubernetes.io/managed-by=airlock', '-o', 'name');
+  return out.split('\n').filter(Boolean);
+}
+
+async function clusterUp() {
+  try {
+    await kubectl('get', 'runtimeclass', 'gvisor');
+    return true;
+  } catch (err) {
+    if (process.env.CI === 'true') throw new Error(`no test cluster under CI=true (scripts/cluster.sh up): ${err.message}`);
+    return false;
+  }
+}
+
+const up = await clusterUp();
+
+describe('kubernetes backend over stdio', { skip: !up && 'no test cluster (scripts/cluster.sh up starts one)', timeout: 20 * 60_000 }, () => {
+  const ns = 'airlock-e2e-' + randomBytes(4).toString('hex');
+  const canary = 'canary-' + randomBytes(8).toString('hex');
+  let dir, client, transport, stderr = '';
+
+  const call = async (name, args, timeout = 180_000) => {
+    const res = await client.callTool({ name, arguments: args }, CallToolResultSchema, { timeout });
+    return { sc: res.structuredContent, text: res.content?.find((c) => c.type === 'text')?.text ?? '', isError: res.isError === true };
+  };
+  const py = (code, extra = {}) => call('run_python', { code, ...extra });
+  const sh = (command, extra = {}) => call('run_shell', { command, ...extra });
+  const why = (r) => `${r.text.slice(0, 1500)}\n--- server stderr (tail) ---\n${stderr.slice(-3000)}`;
+
+  before(async () => {
+    await kubectl('create', 'namespace', ns);
+    // Pods are refused until the namespace's default service account exists.
+    assert.ok(await waitFor(async () => (await kubectl('-n', ns, 'get', 'serviceaccount', 'default', '-o', 'name').catch(() => '')).trim() !== '', 60_000),
+      `the default service account of ${ns}`);
+    dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_k8s_'));
+    const cfg = path.join(dir, 'config.yaml');
+    await writeFile(cfg, [
+      `state_dir: ${JSON.stringify(dir)}`,
+      'runtime: {backend: kubernetes}',
+      `kubernetes: {kubeconfig: ${JSON.stringify(KUBECONFIG)}, namespace: ${ns}, schedule_timeout: 120s}`,
+      `limits: {workspace_mb: 8, tmp_mb: 8, memory_mb: 256, pids: 64, stdout_bytes: ${STDOUT_CAP}, concurrency: 4, queue: 64, queue_wait_s: 300}`,
+      'audit: {enabled: false}',
+      '',
+    ].join('\n'));
+    transport = new StdioClientTransport({
+      command: AIRLOCK_BIN,
+      args: ['serve', '--transport', 'stdio', '--config', cfg],
+      env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: canary },
+      stderr: 'pipe',
+    });
+    transport.stderr.on('data', (c) => { stderr = (stderr + c.toString()).slice(-256 * 1024); });
+    client = new Client({ name: 'airlock-e2e-k8s', version: '0.0.0' });
+    await client.connect(transport, { timeout: 120_000 });
+    await client.listTools();
+  });
+
+  after(async () => {
+    await client?.close();
+    if (dir) await rm(dir, { recursive: true, force: true });
+    await kubectl('delete', 'namespace', ns, '--wait=true', '--timeout=120s').catch(() => {});
+  });
+
+  test("gVisor's kernel, not root, read-only root, capped tmpfs", async () => {
+    const r = await py(`
+import json, os, platform, shutil
+try:
+    open('/etc/x', 'w'); ro = False
+except OSError:
+    ro = True
+print(json.dumps({"release": platform.release(), "uid": os.getuid(), "ro": ro,
+                  "ws": shutil.disk_usage('/workspace').total, "tmp": shutil.disk_usage('/tmp').total}))`);
+    assert.equal(r.sc?.exit_code, 0, why(r));
+    const p = JSON.parse(r.sc.stdout.trim().split('\n').pop());
+    assert.match(p.release, /gvisor/i, 'platform.release() names gVisor');
+    assert.notEqual(p.uid, 0);
+    assert.equal(p.ro, true, 'the root is read-only');
+    assert.equal(p.ws, 8 << 20, '/workspace is limits.workspace_mb');
+    assert.equal(p.tmp, 8 << 20, '/tmp is limits.tmp_mb');
+  });
+
+  test('a timeout kills the pod', async () => {
+    const r = await sh('echo started; sleep 120', { timeout_s: 3 });
+    assert.equal(r.sc?.timed_out, true, why(r));
+    assert.equal(r.sc.reason, 'timeout');
+    assert.equal(r.sc.stdout, 'started\n');
+    assert.equal(r.isError, true);
+  });
+
+  test('a memory bomb is reported as out of memory', async () => {
+    const r = await py('b = []\nwhile True:\n    b.append(bytearray(b"\\x01") * (16 << 20))', { timeout_s: 60 });
+    assert.equal(r.sc?.oom_killed, true, why(r));
+    assert.equal(r.sc.reason, 'out_of_memory');
+    assert.equal(r.sc.timed_out, false);
+  });
+
+  test('a fork bomb is contained and the next call works', async () => {
+    const r = await py('import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass', { timeout_s: 5 });
+    assert.ok(r.sc, why(r));
+    assert.equal(r.isError, true);
+    const next = await py('print(1)');
+    assert.equal(next.sc?.stdout, '1\n', why(next));
+  });
+
+  test('a stdout flood is capped with the marker', async () => {
+    const r = await py('print("x" * 1_000_000)');
+    assert.equal(r.sc?.stdout_truncated, true, why(r));
+    assert.equal(r.sc.reason, 'output_capped');
+    assert.ok(r.sc.stdout.trimEnd().endsWith(marker(STDOUT_CAP)));
+    assert.ok(r.sc.stdout.length <= STDOUT_CAP + marker(STDOUT_CAP).length + 2);
+  });
+
+  test('no network at all, and the server environment is invisible', async () => {
+    const r = await sh(`tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '; echo ---; env; echo ---; python3 -c "
+import socket
+try:
+    socket.create_connection(('10.217.0.1', 16443), timeout=3); print('connected')
+except OSError as e:
+    print('refused', e.errno)"`);
+    assert.equal(r.sc?.exit_code, 0, why(r));
+    const [ifaces, env, conn] = r.sc.stdout.split('---\n');
+    assert.equal(ifaces.trim(), 'lo', 'loopback is the only interface');
+    assert.ok(!env.includes(canary), "the server's environment reaches no sandbox");
+    assert.match(conn, /^refused/, 'the API server is out of reach');
+  });
+
+  test('bad arguments are refused without creating a pod', async () => {
+    const before = await airlockObjects(ns, 'pods');
+    const r = await call('run_python', { code: 'print(1)', timeout_s: -1 });
+    assert.equal(r.isError, true);
+    assert.equal(r.sc, undefined, 'refused before any run');
+    const r2 = await call('run_shell', { command: 42 });
+    assert.equal(r2.isError, true);
+    assert.deepEqual(await airlockObjects(ns, 'pods'), before);
+  });
+
+  test('50 runs, right outputs, then no pod, secret or config map of airlock left', async () => {
+    const results = await Promise.all(Array.from({ length: 50 }, (_, i) => py(`print(${i} * 2)`)));
+    results.forEach((r, i) => assert.equal(r.sc?.stdout, `${i * 2}\n`, why(r)));
+    // Pods go after their answer: wait for the teardowns.
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'pods')).length === 0, 120_000), 'every pod gone after the runs');
+    assert.deepEqual(await airlockObjects(ns, 'secrets'), []);
+    assert.deepEqual(await airlockObjects(ns, 'configmaps'), []);
+  });
+
+  test('closing the client removes the instance lease', async () => {
+    assert.equal((await airlockObjects(ns, 'leases')).length, 1, 'one lease while serving');
+    await client.close();
+    client = null;
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'leases')).length === 0, 30_000), 'the lease gone after the client left');
+  });
+});
