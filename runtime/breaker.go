@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -155,4 +156,24 @@ func shortReason(err error) string {
 		s = s[:200] + "…"
 	}
 	return s
+}
+
+// Guard runs create through the breaker: refused at once while the
+// breaker is open; create's failure counts, unless the caller gave up (ctx
+// ended), which says nothing of the runtime.
+func (b *Breaker) Guard(ctx context.Context, create func() error) error {
+	done, err := b.Allow()
+	if err != nil {
+		return err
+	}
+	err = create()
+	switch {
+	case err == nil:
+		done(nil)
+	case ctx.Err() != nil:
+		done(ErrNotCounted)
+	default:
+		done(err)
+	}
+	return err
 }

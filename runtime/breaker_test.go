@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -125,4 +126,32 @@ func TestBreaker(t *testing.T) {
 			t.Fatal("a breaker with Failures 0 opened")
 		}
 	})
+}
+
+// Guard counts a creation's failure only when the caller had not given up.
+func TestBreakerGuard(t *testing.T) {
+	boom := errors.New("create sandbox pod: the API server refused")
+	c := &clock{t: time.Unix(1e9, 0)}
+	b := newTestBreaker(c)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := 0; i < 5; i++ {
+		if err := b.Guard(gone, func() error { return boom }); err != boom {
+			t.Fatalf("Guard = %v, want the creation's own error", err)
+		}
+	}
+	if b.Open() {
+		t.Fatal("failures of callers that gave up opened the breaker")
+	}
+	for i := 0; i < 3; i++ {
+		_ = b.Guard(context.Background(), func() error { return boom })
+	}
+	if !b.Open() {
+		t.Fatal("three counted failures did not open the breaker")
+	}
+	ran := false
+	var co *CircuitOpenError
+	if err := b.Guard(context.Background(), func() error { ran = true; return nil }); !errors.As(err, &co) || ran {
+		t.Fatalf("open breaker: err %v, ran %v; want a refusal without running", err, ran)
+	}
 }

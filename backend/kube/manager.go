@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -59,7 +58,7 @@ type Manager struct {
 	admission *runtime.Admission
 	breaker   *runtime.Breaker
 	lease     *instanceLease
-	teardowns sync.WaitGroup
+	teardowns runtime.Teardowns
 }
 
 // New checks the options and registers this instance (its Lease, which
@@ -126,14 +125,7 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 		release()
 		return res, err
 	}
-	m.teardowns.Add(1)
-	defer func() {
-		go func() {
-			defer m.teardowns.Done()
-			defer release()
-			p.destroy()
-		}()
-	}()
+	defer m.teardowns.Start(p.destroy, release)
 	startRun := time.Now()
 	res, err = exchange.Run(ctx, p, req, nil, false)
 	if res.Timings != nil {
@@ -147,24 +139,12 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 }
 
 // create makes a pod for a run and waits until its driver says hello,
-// through the breaker: failures of the cluster count, a caller giving up
-// does not.
-func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits) (_ *pod, err error) {
-	done, err := m.breaker.Allow()
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		switch {
-		case err == nil:
-			done(nil)
-		case ctx.Err() != nil:
-			done(runtime.ErrNotCounted)
-		default:
-			done(err)
-		}
-	}()
-	p, err := m.startPod(ctx, runID, lim)
+// through the breaker.
+func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits) (p *pod, err error) {
+	err = m.breaker.Guard(ctx, func() error {
+		p, err = m.startPod(ctx, runID, lim)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

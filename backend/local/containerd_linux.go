@@ -109,7 +109,7 @@ type ContainerdManager struct {
 	liveMu sync.Mutex
 	live   map[string]*sandbox
 	// teardowns are sandboxes being destroyed after their run answered.
-	teardowns sync.WaitGroup
+	teardowns runtime.Teardowns
 }
 
 // NewContainerd checks its options and starts watching for OOM events.

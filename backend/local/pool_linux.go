@@ -114,11 +114,7 @@ func (p *Pool) kick() {
 }
 
 func (p *Pool) retire(s *sandbox) {
-	p.m.teardowns.Add(1)
-	go func() {
-		defer p.m.teardowns.Done()
-		s.destroy()
-	}()
+	p.m.teardowns.Start(s.destroy, nil)
 }
 
 // drain destroys the sandboxes waiting; the filler makes new ones.

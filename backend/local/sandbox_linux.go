@@ -64,23 +64,17 @@ func (s *sandbox) step(name string) {
 // create makes and starts a sandbox with id "airlock-"+sid. A networked one
 // is attached to its network namespace before it starts (runsc reads the
 // namespace once). On error, everything acquired is released.
-func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits) (_ *sandbox, err error) {
+func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits) (s *sandbox, err error) {
+	err = m.breaker.Guard(ctx, func() error {
+		s, err = m.build(ctx, sid, preload, networked, lim)
+		return err
+	})
+	return s, err
+}
+
+// build is create without the breaker.
+func (m *ContainerdManager) build(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits) (_ *sandbox, err error) {
 	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
-	done, err := m.breaker.Allow()
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		// Only the runtime's own failures count: not a caller who gave up.
-		switch {
-		case err == nil:
-			done(nil)
-		case ctx.Err() != nil:
-			done(runtime.ErrNotCounted)
-		default:
-			done(err)
-		}
-	}()
 	id := "airlock-" + sid
 	s := &sandbox{m: m, id: id, sid: sid,
 		st: exchange.NewStream(), exited: make(chan struct{}),
@@ -373,14 +367,7 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 			return res, err
 		}
 	}
-	m.teardowns.Add(1)
-	defer func() {
-		go func() {
-			defer m.teardowns.Done()
-			defer release()
-			s.destroy()
-		}()
-	}()
+	defer m.teardowns.Start(s.destroy, release)
 	startRun := time.Now()
 	var files map[string][]byte
 	if networked {

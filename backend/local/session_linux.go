@@ -137,9 +137,5 @@ func (ss *session) closeLocked() {
 		return
 	}
 	ss.closed = true
-	ss.m.teardowns.Add(1)
-	go func() {
-		defer ss.m.teardowns.Done()
-		ss.s.destroy()
-	}()
+	ss.m.teardowns.Start(ss.s.destroy, nil)
 }
