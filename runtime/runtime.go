@@ -40,6 +40,14 @@ type Limits struct {
 	TmpBytes       int64
 }
 
+// SameSandbox reports whether a sandbox made with limits l serves a run
+// with limits o: the limits built into a sandbox must be equal; the
+// timeout and output caps are the host's business and may differ.
+func (l Limits) SameSandbox(o Limits) bool {
+	return l.MemoryBytes == o.MemoryBytes && l.CPUs == o.CPUs && l.Pids == o.Pids &&
+		l.WorkspaceBytes == o.WorkspaceBytes && l.TmpBytes == o.TmpBytes
+}
+
 // Request is one piece of code to run in a fresh sandbox.
 type Request struct {
 	// RunID names the run in logs and container labels; the manager makes one when empty.

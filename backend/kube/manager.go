@@ -44,6 +44,15 @@ type Options struct {
 	UID, GID        uint32
 	// Env is extra fixed variables the operator grants every sandbox.
 	Env map[string]string
+	// PoolSize warm pods wait per instance, their drivers started with
+	// PoolPreload imported, made with PoolLimits; 0 turns the pool off.
+	PoolSize    int
+	PoolLimits  runtime.Limits
+	PoolPreload []string
+	PoolMaxIdle time.Duration
+	// MaxTimeout is the longest a run may last (a warm pod's deadline must
+	// leave room for it).
+	MaxTimeout time.Duration
 	// Concurrency, Queue and QueueWait bound runs, as locally.
 	Concurrency, Queue int
 	QueueWait          time.Duration
@@ -58,6 +67,7 @@ type Manager struct {
 	admission *runtime.Admission
 	breaker   *runtime.Breaker
 	lease     *instanceLease
+	pool      *pool // nil when PoolSize is 0
 	teardowns runtime.Teardowns
 }
 
@@ -88,6 +98,9 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		return nil, fmt.Errorf("kubernetes backend: %w", err)
 	}
 	m.lease = l
+	if o.PoolSize > 0 {
+		m.pool = newPool(m)
+	}
 	return m, nil
 }
 
@@ -120,21 +133,28 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	}
 	log := m.o.Log.With("run", req.RunID)
 	start := time.Now()
-	p, err := m.create(ctx, req.RunID, req.Limits)
-	if err != nil {
-		release()
-		return res, err
+	var p *pod
+	if m.pool != nil && m.pool.limits.SameSandbox(req.Limits) {
+		p = m.pool.take(ctx, req.RunID)
+	}
+	warm := p != nil
+	if p == nil {
+		if p, err = m.create(ctx, req.RunID, req.Limits); err != nil {
+			release()
+			return res, err
+		}
 	}
 	defer m.teardowns.Start(p.destroy, release)
 	startRun := time.Now()
 	res, err = exchange.Run(ctx, p, req, nil, false)
+	res.Warm = warm
 	if res.Timings != nil {
 		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
 		for k, v := range p.steps {
 			res.Timings["create."+k] = v
 		}
 	}
-	log.Info("run finished", "backend", "kubernetes", "pod", p.name, "lang", req.Language, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
+	log.Info("run finished", "backend", "kubernetes", "pod", p.name, "warm", warm, "lang", req.Language, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
 	return res, err
 }
 
@@ -156,5 +176,8 @@ func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits) 
 // does not wait for the kubelet to finish with them: a stdio server must
 // leave within a desktop client's two seconds.
 func (m *Manager) Close(ctx context.Context) error {
+	if m.pool != nil {
+		m.pool.stop()
+	}
 	return m.lease.stop(ctx)
 }

@@ -9,15 +9,19 @@ import (
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/airlock-mcp/airlock/runtime"
 )
 
+// testLimits are small: the test cluster's one node has 2 CPUs to give,
+// and every pod requests what it may use.
 func testLimits() runtime.Limits {
-	return runtime.Limits{Timeout: 60 * time.Second, MemoryBytes: 256 << 20, CPUs: 1, Pids: 64,
+	return runtime.Limits{Timeout: 60 * time.Second, MemoryBytes: 256 << 20, CPUs: 0.2, Pids: 64,
 		StdoutBytes: 64 << 10, StderrBytes: 64 << 10, WorkspaceBytes: 64 << 20, TmpBytes: 64 << 20}
 }
 
@@ -26,11 +30,19 @@ func testManager(t *testing.T, concurrency int) (*Manager, *kubernetes.Clientset
 	t.Helper()
 	cs, cfg := needCluster(t)
 	ns := testNamespace(t, cs)
+	return newTestManager(t, cs, cfg, ns, concurrency, 0), cs, ns
+}
+
+// newTestManager starts a Manager on namespace ns with poolSize warm pods
+// (no modules preloaded), and closes it when the test ends.
+func newTestManager(t *testing.T, cs *kubernetes.Clientset, cfg *rest.Config, ns string, concurrency, poolSize int) *Manager {
+	t.Helper()
 	m, err := New(context.Background(), Options{
+		PoolSize: poolSize, PoolLimits: testLimits(), PoolMaxIdle: 10 * time.Minute, MaxTimeout: 5 * time.Minute,
 		Client: cs, REST: cfg, Namespace: ns, InstanceID: runtime.NewRunID(),
 		Image: testImage, RuntimeClass: "gvisor", ScheduleTimeout: time.Minute,
 		UID: 1000, GID: 1000, Env: map[string]string{"GRANTED": "yes"},
-		Concurrency: concurrency, Queue: 16, QueueWait: 5 * time.Minute,
+		Concurrency: concurrency, Queue: 64, QueueWait: 5 * time.Minute,
 		Breaker: runtime.BreakerOptions{Failures: 0},
 		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
@@ -43,7 +55,7 @@ func testManager(t *testing.T, concurrency int) (*Manager, *kubernetes.Clientset
 			t.Errorf("close: %v", err)
 		}
 	})
-	return m, cs, ns
+	return m
 }
 
 // instancePods lists the pods a manager's instance has on the cluster.
@@ -182,5 +194,92 @@ func TestSweepExpiredLeases(t *testing.T) {
 		if got := !apierrors.IsNotFound(err); got != want {
 			t.Errorf("lease %s exists = %v, want %v (%v)", name, got, want, err)
 		}
+	}
+}
+
+// Two airlock instances on one namespace share warm pods: 40 runs fired at
+// both at once each get a pod no other run had (the code finds no mark a
+// previous run left in /workspace, and no pod's run label ever changes),
+// warm pods serve some of them, and no taken pod is left afterwards.
+func TestWarmPodsAcrossInstances(t *testing.T) {
+	cs, cfg := needCluster(t)
+	ns := testNamespace(t, cs)
+	a := newTestManager(t, cs, cfg, ns, 3, 2)
+	b := newTestManager(t, cs, cfg, ns, 3, 2)
+	ctx := context.Background()
+	ready := func() int {
+		list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelPool + "=ready"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(list.Items)
+	}
+	waitFor(t, 3*time.Minute, "4 warm pods ready", func() (bool, error) { return ready() >= 4, nil })
+
+	// Every pod's run label, as it changes.
+	w, err := cs.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runOf := map[string]string{}
+	var twice []string
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for ev := range w.ResultChan() {
+			po, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			if r := po.Labels[LabelRun]; r != "" {
+				if prev, ok := runOf[po.Name]; ok && prev != r {
+					twice = append(twice, po.Name+": "+prev+" then "+r)
+				}
+				runOf[po.Name] = r
+			}
+		}
+	}()
+
+	const runs = 40
+	type out struct {
+		r   runtime.Result
+		err error
+	}
+	results := make(chan out, runs)
+	for i := 0; i < runs; i++ {
+		m := a
+		if i%2 == 1 {
+			m = b
+		}
+		go func() {
+			r, err := m.Run(ctx, runtime.Request{Language: runtime.Python, Limits: testLimits(),
+				Code: "import os\nprint(os.path.exists('/workspace/.used'))\nopen('/workspace/.used', 'w').close()"})
+			results <- out{r, err}
+		}()
+	}
+	warm := 0
+	for i := 0; i < runs; i++ {
+		o := <-results
+		if o.err != nil || o.r.Stdout != "False\n" || o.r.ExitCode != 0 {
+			t.Errorf("run: %+v, %v; want a pod no run had used", o.r, o.err)
+		}
+		if o.r.Warm {
+			warm++
+		}
+	}
+	a.WaitTeardowns()
+	b.WaitTeardowns()
+	w.Stop()
+	<-watched
+	if len(twice) > 0 {
+		t.Errorf("pods taken by two runs: %v", twice)
+	}
+	if warm == 0 {
+		t.Error("no run used a warm pod")
+	}
+	t.Logf("%d of %d runs warm", warm, runs)
+	taken, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelPool + "=taken"})
+	if err != nil || len(taken.Items) != 0 {
+		t.Errorf("taken pods left after their runs: %d (%v)", len(taken.Items), err)
 	}
 }

@@ -58,28 +58,41 @@ func (p *pod) step(name string) {
 	p.steps[name] = float64(time.Since(p.created).Microseconds()) / 1000
 }
 
-// startPod creates the pod of a run, waits for it to run, attaches to its
-// driver and waits for its hello. On error the pod is deleted.
-func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits) (_ *pod, err error) {
-	p := &pod{m: m, name: "airlock-" + runID, st: exchange.NewStream(), diag: runtime.NewCappedBuffer(8<<10, nil), created: time.Now(), steps: map[string]float64{}}
-	p.log = m.o.Log.With("pod", p.name, "run", runID)
-	spec, err := Pod(PodPolicy{
-		Name: p.name, Namespace: m.o.Namespace,
-		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelInstance: m.o.InstanceID, LabelRun: runID},
-		Owner:  m.lease.owner(),
-		Image:  m.o.Image, RuntimeClass: m.o.RuntimeClass,
+// newPod is the host's end of the pod name, not yet attached.
+func (m *Manager) newPod(name string, log *slog.Logger) *pod {
+	return &pod{m: m, name: name, st: exchange.NewStream(), diag: runtime.NewCappedBuffer(8<<10, nil), created: time.Now(), steps: map[string]float64{}, log: log}
+}
+
+// spec is the pod of a sandbox of this manager: a cold one for a run, or
+// a warm one (preload) for the pool.
+func (m *Manager) spec(name string, labels map[string]string, lim runtime.Limits, preload bool, deadline time.Duration) (*corev1.Pod, error) {
+	all := map[string]string{LabelManagedBy: ManagedBy, LabelInstance: m.o.InstanceID}
+	for k, v := range labels {
+		all[k] = v
+	}
+	return Pod(PodPolicy{
+		Name: name, Namespace: m.o.Namespace, Labels: all,
+		Owner: m.lease.owner(),
+		Image: m.o.Image, RuntimeClass: m.o.RuntimeClass,
 		UID: m.o.UID, GID: m.o.GID,
+		Preload: preload, PreloadModules: m.o.PoolPreload,
 		Env:    runtime.BuildEnv(m.o.Env),
 		Limits: lim,
 		// A backstop only: airlock deletes the pod at the run's deadline.
-		DeadlineSeconds: int64((lim.Timeout + m.o.ScheduleTimeout + helloTimeout + time.Minute) / time.Second),
+		DeadlineSeconds: int64(deadline / time.Second),
 		NodeSelector:    m.o.NodeSelector, Tolerations: m.o.Tolerations, SchedulerName: m.o.SchedulerName,
 	})
+}
+
+// startPod creates the pod of a run, waits for it to run, attaches to its
+// driver and waits for its hello. On error the pod is deleted.
+func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits) (_ *pod, err error) {
+	p := m.newPod("airlock-"+runID, m.o.Log.With("pod", "airlock-"+runID, "run", runID))
+	spec, err := m.spec(p.name, map[string]string{LabelRun: runID}, lim, false, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute)
 	if err != nil {
 		return nil, err
 	}
-	pods := m.o.Client.CoreV1().Pods(m.o.Namespace)
-	if _, err := pods.Create(ctx, spec, metav1.CreateOptions{}); err != nil {
+	if _, err := m.o.Client.CoreV1().Pods(m.o.Namespace).Create(ctx, spec, metav1.CreateOptions{}); err != nil {
 		return nil, createError(err, lim)
 	}
 	p.step("created")
@@ -88,7 +101,7 @@ func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits
 			p.destroy()
 		}
 	}()
-	if err := p.waitRunning(ctx); err != nil {
+	if err := p.waitRunning(ctx, false, m.o.ScheduleTimeout); err != nil {
 		return nil, err
 	}
 	p.step("running")
@@ -108,13 +121,14 @@ func createError(err error, lim runtime.Limits) error {
 	return runtime.Infra("create sandbox pod", err)
 }
 
-// waitRunning watches the pod until its container runs. A pod no node can
-// take within kubernetes.schedule_timeout, an image the node does not
-// have, or a container that ended already fails the run with the
+// waitRunning watches the pod until its container runs (and, when ready is
+// set, until the pod is Ready: a warm pod's driver has preloaded). A pod
+// no node can take within kubernetes.schedule_timeout, an image the node
+// does not have, or a container that ended already fails with the
 // cluster's own words.
-func (p *pod) waitRunning(ctx context.Context) error {
+func (p *pod) waitRunning(ctx context.Context, ready bool, timeout time.Duration) error {
 	o := p.m.o
-	deadline := time.NewTimer(o.ScheduleTimeout)
+	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	w, err := o.Client.CoreV1().Pods(o.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", p.name).String()})
 	if err != nil {
@@ -127,7 +141,7 @@ func (p *pod) waitRunning(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return runtime.Infra("sandbox pod not running", fmt.Errorf("after %v: %s", o.ScheduleTimeout, pending(last)))
+			return runtime.Infra("sandbox pod not running", fmt.Errorf("after %v: %s", timeout, pending(last)))
 		case ev, ok := <-w.ResultChan():
 			if !ok {
 				return runtime.Infra("watch sandbox pod", errors.New("the watch ended"))
@@ -142,7 +156,7 @@ func (p *pod) waitRunning(ctx context.Context) error {
 			last = po
 			if cs := containerStatus(po); cs != nil {
 				switch {
-				case cs.State.Running != nil:
+				case cs.State.Running != nil && (!ready || cs.Ready):
 					return nil
 				case cs.State.Terminated != nil:
 					return runtime.Infra("sandbox pod", fmt.Errorf("its container ended before airlock attached: %s (exit %d) %s", cs.State.Terminated.Reason, cs.State.Terminated.ExitCode, cs.State.Terminated.Message))

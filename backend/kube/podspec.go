@@ -177,10 +177,32 @@ func Pod(p PodPolicy) (*corev1.Pod, error) {
 					SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 				},
 				TerminationMessagePolicy: corev1.TerminationMessageReadFile,
+				StartupProbe:             startupProbe(p),
+			}},
+			// Sandboxes spread over the nodes that may take them.
+			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{
+				MaxSkew: 1, TopologyKey: "kubernetes.io/hostname", WhenUnsatisfiable: corev1.ScheduleAnyway,
+				LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{LabelManagedBy: ManagedBy}},
 			}},
 		},
 	}
 	return pod, nil
+}
+
+// ReadyFile is where a warm pod's driver says its preload is done; the
+// pod's startup probe looks for it, so the pod turns Ready only then.
+const ReadyFile = driver.CodeDir + "/ready"
+
+// startupProbe makes a warm pod Ready only once its driver has preloaded;
+// a cold pod has none (airlock attaches as soon as it runs).
+func startupProbe(p PodPolicy) *corev1.Probe {
+	if !p.Preload {
+		return nil
+	}
+	return &corev1.Probe{
+		ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/usr/bin/test", "-e", ReadyFile}}},
+		PeriodSeconds: 1, FailureThreshold: 180, TimeoutSeconds: 5,
+	}
 }
 
 // NoFile is the open-file limit of a sandbox pod, as of a local sandbox.
@@ -192,6 +214,10 @@ const NoFile = 1024
 // process and open-file limits itself (Kubernetes sets no rlimits; gVisor
 // enforces RLIMIT_NPROC for the code's user).
 func Command(p PodPolicy) []string {
-	return append(runtime.DriverArgs(p.UID, p.GID, p.Preload, p.PreloadModules),
+	args := append(runtime.DriverArgs(p.UID, p.GID, p.Preload, p.PreloadModules),
 		"--hello-on-attach", "--nproc", strconv.FormatInt(p.Limits.Pids, 10), "--nofile", strconv.Itoa(NoFile))
+	if p.Preload {
+		args = append(args, "--ready-file", ReadyFile)
+	}
+	return args
 }

@@ -129,6 +129,28 @@ func TestPodBaseline(t *testing.T) {
 	}
 }
 
+// A warm pod preloads, says when it has, and is Ready only then.
+func TestPodWarm(t *testing.T) {
+	p := policy()
+	p.Preload, p.PreloadModules = true, []string{"numpy"}
+	pod, err := Pod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := pod.Spec.Containers[0]
+	want := append(runtime.DriverArgs(1000, 1000, true, []string{"numpy"}), "--hello-on-attach", "--nproc", "64", "--nofile", "1024", "--ready-file", ReadyFile)
+	if !reflect.DeepEqual(c.Command, want) {
+		t.Errorf("command %v, want %v", c.Command, want)
+	}
+	if c.StartupProbe == nil || c.StartupProbe.Exec == nil || !reflect.DeepEqual(c.StartupProbe.Exec.Command, []string{"/usr/bin/test", "-e", ReadyFile}) {
+		t.Errorf("startup probe %+v; want one that waits for the ready file", c.StartupProbe)
+	}
+	cold, _ := Pod(policy())
+	if cold.Spec.Containers[0].StartupProbe != nil {
+		t.Error("a cold pod has a startup probe: nothing waits for it")
+	}
+}
+
 func TestPodSessionKeepsStdin(t *testing.T) {
 	p := policy()
 	p.Session, p.Preload, p.PreloadModules = true, true, []string{"numpy"}
@@ -140,7 +162,7 @@ func TestPodSessionKeepsStdin(t *testing.T) {
 	if !c.Stdin || c.StdinOnce {
 		t.Errorf("session pod stdin %v once %v; want open across attaches", c.Stdin, c.StdinOnce)
 	}
-	if !reflect.DeepEqual(c.Command[:len(c.Command)-5], runtime.DriverArgs(1000, 1000, true, []string{"numpy"})) {
+	if !reflect.DeepEqual(c.Command[:len(c.Command)-7], runtime.DriverArgs(1000, 1000, true, []string{"numpy"})) {
 		t.Errorf("command %v", c.Command)
 	}
 }

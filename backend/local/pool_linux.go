@@ -65,8 +65,7 @@ func newPool(m *ContainerdManager, size int, lim runtime.Limits, maxIdle time.Du
 // limits built into the sandbox must be the same. The timeout and output
 // caps are the host's business and may differ.
 func (p *Pool) fits(l runtime.Limits) bool {
-	return l.MemoryBytes == p.limits.MemoryBytes && l.CPUs == p.limits.CPUs && l.Pids == p.limits.Pids &&
-		l.WorkspaceBytes == p.limits.WorkspaceBytes && l.TmpBytes == p.limits.TmpBytes
+	return p.limits.SameSandbox(l)
 }
 
 // Ready is how many warm sandboxes wait, per network mode.

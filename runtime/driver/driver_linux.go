@@ -89,6 +89,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	helloOnAttach := fs.Bool("hello-on-attach", false, "say hello only when the host sends an attach frame (Kubernetes attach)")
 	nproc := fs.Int("nproc", 0, "RLIMIT_NPROC for the code's user, when the runtime sets none (Kubernetes); 0: leave it")
 	nofile := fs.Int("nofile", 0, "RLIMIT_NOFILE, when the runtime sets none (Kubernetes); 0: leave it")
+	readyFile := fs.String("ready-file", "", "create this file once ready for work (preload done): a Kubernetes startup probe checks it")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -143,6 +144,14 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	d.hello = hello
+	if *readyFile != "" {
+		// Root's, in the driver's own directory; the code may see it, and
+		// it says nothing the code does not know.
+		if err := os.WriteFile(*readyFile, nil, 0o644); err != nil {
+			fmt.Fprintf(stderr, "airlock-driver: %v\n", err)
+			return 2
+		}
+	}
 	in := NewReader(stdin)
 	if !*helloOnAttach {
 		if err := d.out.writeJSON(FrameHello, hello); err != nil {

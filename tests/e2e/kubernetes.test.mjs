@@ -29,8 +29,8 @@ async function kubectl(...args) {
 }
 
 /** Names of the objects of a kind in ns that airlock labelled as its own. */
-async function airlockObjects(ns, kind) {
-  const out = await kubectl('-n', ns, 'get', kind, '-l', 'app.kubernetes.io/managed-by=airlock', '-o', 'name');
+async function airlockObjects(ns, kind, selector = '') {
+  const out = await kubectl('-n', ns, 'get', kind, '-l', 'app.kubernetes.io/managed-by=airlock' + selector, '-o', 'name');
   return out.split('\n').filter(Boolean);
 }
 
@@ -70,7 +70,10 @@ describe('kubernetes backend over stdio', { skip: !up && 'no test cluster (scrip
       `state_dir: ${JSON.stringify(dir)}`,
       'runtime: {backend: kubernetes}',
       `kubernetes: {kubeconfig: ${JSON.stringify(KUBECONFIG)}, namespace: ${ns}, schedule_timeout: 120s}`,
-      `limits: {workspace_mb: 8, tmp_mb: 8, memory_mb: 256, pids: 64, stdout_bytes: ${STDOUT_CAP}, concurrency: 4, queue: 64, queue_wait_s: 300}`,
+      `limits: {workspace_mb: 8, tmp_mb: 8, memory_mb: 256, cpus: 0.3, pids: 64, stdout_bytes: ${STDOUT_CAP}, concurrency: 4, queue: 64, queue_wait_s: 300}`,
+      // Two warm pods (without numpy and pandas: the one test node has 2
+      // CPUs to give, and 4 runs + 2 warm pods at 0.3 fit).
+      'pool: {size: 2, preload: []}',
       'audit: {enabled: false}',
       '',
     ].join('\n'));
@@ -165,19 +168,22 @@ except OSError as e:
     assert.deepEqual(await airlockObjects(ns, 'pods'), before);
   });
 
-  test('50 runs, right outputs, then no pod, secret or config map of airlock left', async () => {
+  test('50 runs, right outputs, then no pod of a run, secret or config map of airlock left', async () => {
     const results = await Promise.all(Array.from({ length: 50 }, (_, i) => py(`print(${i} * 2)`)));
     results.forEach((r, i) => assert.equal(r.sc?.stdout, `${i * 2}\n`, why(r)));
-    // Pods go after their answer: wait for the teardowns.
-    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'pods')).length === 0, 120_000), 'every pod gone after the runs');
+    // Pods go after their answer: wait for the teardowns. Warm pods (no
+    // run yet) stay while the server does.
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'pods', ',airlock.dev/run')).length === 0, 120_000),
+      'every pod of a run gone after the runs');
     assert.deepEqual(await airlockObjects(ns, 'secrets'), []);
     assert.deepEqual(await airlockObjects(ns, 'configmaps'), []);
   });
 
-  test('closing the client removes the instance lease', async () => {
+  test('closing the client removes the instance lease and its warm pods', async () => {
     assert.equal((await airlockObjects(ns, 'leases')).length, 1, 'one lease while serving');
     await client.close();
     client = null;
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'pods')).length === 0, 60_000), 'every pod gone after the client left');
     assert.ok(await waitFor(async () => (await airlockObjects(ns, 'leases')).length === 0, 30_000), 'the lease gone after the client left');
   });
 });
