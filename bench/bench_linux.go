@@ -47,8 +47,10 @@ type Options struct {
 	// holds at once.
 	IdleSandboxes int `json:"idle_sandboxes"`
 	// Binary is the airlock executable the MCP modes start.
-	Binary string       `json:"-"`
-	Log    *slog.Logger `json:"-"`
+	Binary string `json:"-"`
+	// Kubeconfig names the cluster of the Kubernetes modes.
+	Kubeconfig string       `json:"-"`
+	Log        *slog.Logger `json:"-"`
 }
 
 // Report is everything one benchmark run found.
@@ -98,13 +100,25 @@ func Run(ctx context.Context, s *boot.Stack, o Options) (*Report, error) {
 		return nil, err
 	}
 	maxC := slices.Max(o.Concurrency)
+	var kenv *kubeEnv
+	if slices.ContainsFunc(o.Modes, isKube) {
+		if kenv, err = newKubeEnv(ctx, o.Kubeconfig, s.Config.Kubernetes); err != nil {
+			return nil, err
+		}
+		defer kenv.close()
+	}
 	for _, mode := range o.Modes {
-		r, err := newRunner(ctx, s, mode, rootfs, maxC, o)
+		r, err := newRunner(ctx, s, kenv, mode, rootfs, maxC, o)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", mode, err)
 		}
 		for _, p := range progs {
 			for _, c := range o.Concurrency {
+				if isKube(mode) && c > 1 {
+					// Each pod requests the CPU it may use; the test node's
+					// two CPUs hold two sandboxes of the default 1 CPU.
+					continue
+				}
 				res := measure(ctx, r, mode, p, c, o.Iterations)
 				o.Log.Info("bench", "mode", mode, "program", p.Name, "concurrency", c, "p50_ms", res.P50, "p95_ms", res.P95,
 					"throughput", fmt.Sprintf("%.2f/s", res.Throughput), "cpu_per_run_ms", res.CPUPerRun, "warm", res.WarmFraction, "errors", res.Errors)
@@ -227,8 +241,18 @@ func measure(ctx context.Context, r Runner, mode string, p Program, c, iteration
 
 // newRunner makes the runner of a mode; cold and warm runners get room for
 // maxC runs at once, and warm ones a pool of maxC.
-func newRunner(ctx context.Context, s *boot.Stack, mode, rootfs string, maxC int, o Options) (Runner, error) {
+func newRunner(ctx context.Context, s *boot.Stack, kenv *kubeEnv, mode, rootfs string, maxC int, o Options) (Runner, error) {
 	switch mode {
+	case ModeK8sCold, ModeK8sWarm:
+		return newKubeRunner(ctx, s, kenv, mode == ModeK8sWarm, 1)
+	case ModeMCPK8sCold, ModeMCPK8sWarm:
+		pool := 0
+		var ready func(context.Context, string, int) error
+		if mode == ModeMCPK8sWarm {
+			pool = 1
+			ready = func(ctx context.Context, _ string, n int) error { return kenv.ready(ctx, n) }
+		}
+		return newMCPRunner(ctx, o.Binary, s.Config.StateDir, pool, 1, ready, kenv)
 	case ModeNative:
 		return &native{rootfs: rootfs}, nil
 	case ModeRunc:
@@ -255,7 +279,7 @@ func newRunner(ctx context.Context, s *boot.Stack, mode, rootfs string, maxC int
 		if err != nil {
 			return nil, err
 		}
-		return &manager{m: m, limits: lim}, nil
+		return localRunner(m, lim), nil
 	case ModeMCPCold, ModeMCPWarm:
 		pool := 0
 		var ready func(context.Context, string, int) error
@@ -284,7 +308,7 @@ func newRunner(ctx context.Context, s *boot.Stack, mode, rootfs string, maxC int
 				}
 			}
 		}
-		return newMCPRunner(ctx, o.Binary, s.Config.StateDir, pool, maxC, ready)
+		return newMCPRunner(ctx, o.Binary, s.Config.StateDir, pool, maxC, ready, nil)
 	default:
 		return nil, fmt.Errorf("unknown mode %q (modes: %s)", mode, strings.Join(AllModes, ", "))
 	}

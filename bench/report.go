@@ -50,6 +50,13 @@ func targets(r *Report) []Target {
 		ratio("cold gVisor vs runc", "cold gVisor p50 ≤ 1.5× runc cold", 1.5,
 			r.find(ModeCold, "print", 1), r.find(ModeRunc, "print", 1), "gvisor-cold ÷ runc, print, c=1"),
 	}
+	if r.find(ModeMCPK8sWarm, "print", 1) != nil || r.find(ModeMCPK8sCold, "print", 1) != nil {
+		out = append(out,
+			ratio("warm pod vs local warm, through MCP", "Kubernetes warm pod through MCP, print(1) p50 ≤ 4× the local warm pool through MCP", 4,
+				r.find(ModeMCPK8sWarm, "print", 1), r.find(ModeMCPWarm, "print", 1), "mcp-k8s-warm ÷ mcp-warm, print, c=1"),
+			ratio("cold pod vs local cold, through MCP", "Kubernetes cold pod through MCP, print(1) p50 ≤ 3× a local cold sandbox through MCP", 3,
+				r.find(ModeMCPK8sCold, "print", 1), r.find(ModeMCPCold, "print", 1), "mcp-k8s-cold ÷ mcp-cold, print, c=1"))
+	}
 	tp := Target{Name: "throughput at concurrency 4", Goal: "warm pool throughput at c=4 ≥ 80% of cores ÷ CPU per run (refills included)"}
 	if x := r.find(ModeWarm, "print", 4); x != nil && x.CPUPerRun > 0 {
 		tp.Ratio = x.Efficiency

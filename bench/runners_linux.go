@@ -100,8 +100,12 @@ func (n *native) Close()                           {}
 
 // manager runs through airlock's runtime: cold (no pool) or warm.
 type manager struct {
-	m      *local.ContainerdManager
+	m      runtime.Manager
 	limits runtime.Limits
+	// ready waits until n runs could start warm and the last round's
+	// sandboxes are gone.
+	ready func(ctx context.Context, n int) error
+	close func()
 }
 
 func (r *manager) Run(ctx context.Context, p Program) (Sample, error) {
@@ -114,27 +118,32 @@ func (r *manager) Run(ctx context.Context, p Program) (Sample, error) {
 	return Sample{Latency: lat, Warm: res.Warm}, checkOutput(p, res.Stdout, res.ExitCode)
 }
 
-func (r *manager) Ready(ctx context.Context, n int) error {
-	pool := r.m.Pool()
-	if pool == nil {
-		r.m.WaitTeardowns()
-		return nil
-	}
-	for {
-		if ready, _ := pool.Ready(); ready >= n {
-			// Let the machine settle: teardowns of the last round run too.
-			r.m.WaitTeardowns()
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
+func (r *manager) Ready(ctx context.Context, n int) error { return r.ready(ctx, n) }
+func (r *manager) Close()                                 { r.close() }
 
-func (r *manager) Close() { _ = r.m.Close(context.Background()) }
+// localRunner runs a containerd manager.
+func localRunner(m *local.ContainerdManager, lim runtime.Limits) *manager {
+	return &manager{m: m, limits: lim, close: func() { _ = m.Close(context.Background()) },
+		ready: func(ctx context.Context, n int) error {
+			pool := m.Pool()
+			if pool == nil {
+				m.WaitTeardowns()
+				return nil
+			}
+			for {
+				if ready, _ := pool.Ready(); ready >= n {
+					// Let the machine settle: teardowns of the last round run too.
+					m.WaitTeardowns()
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		}}
+}
 
 // runcRunner starts a runc container from the same image through the same
 // containerd, running the interpreter directly: what most sandboxes built
@@ -214,9 +223,10 @@ type mcpRunner struct {
 	dir      string
 	instance string
 	ready    func(ctx context.Context, instance string, n int) error
+	kenv     *kubeEnv // the cluster, in the Kubernetes modes
 }
 
-func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurrency int, ready func(context.Context, string, int) error) (*mcpRunner, error) {
+func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurrency int, ready func(context.Context, string, int) error, kenv *kubeEnv) (*mcpRunner, error) {
 	dir, err := os.MkdirTemp("", "airlock-bench-mcp-")
 	if err != nil {
 		return nil, err
@@ -224,6 +234,9 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 	before := instances(stateDir)
 	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: warn}\npool: {size: %d}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
 		strconv.Quote(stateDir), poolSize, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
+	if kenv != nil {
+		cfg += kenv.mcpConfig()
+	}
 	cfgPath := filepath.Join(dir, "config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
@@ -243,7 +256,12 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initialize airlock over stdio: %w", err)
 	}
-	r := &mcpRunner{c: c, dir: dir, ready: ready}
+	r := &mcpRunner{c: c, dir: dir, ready: ready, kenv: kenv}
+	if kenv != nil {
+		// No instance lock or guardian on Kubernetes: the Lease and the
+		// pods it owns are the server's.
+		return r, nil
+	}
 	// The server is the instance that registered while it started and is
 	// held by a serving process (not, say, a guardian sweeping after the
 	// last mode's server).
@@ -359,6 +377,15 @@ func (r *mcpRunner) Ready(ctx context.Context, n int) error {
 func (r *mcpRunner) Close() {
 	r.c.Close()
 	os.RemoveAll(r.dir)
+	if r.kenv != nil {
+		// Its pods go with its Lease when it leaves.
+		for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if n, err := r.kenv.count(context.Background(), ""); err != nil || n == 0 {
+				return
+			}
+		}
+		return
+	}
 	for deadline := time.Now().Add(time.Minute); guardianRunning(r.instance) && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
 	}

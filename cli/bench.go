@@ -15,7 +15,7 @@ import (
 )
 
 func (a *app) benchCmd() *cobra.Command {
-	var modes, programs, conc, out, name string
+	var modes, programs, conc, out, name, kubeconfig string
 	var iterations, idle int
 	var smoke bool
 	cmd := &cobra.Command{
@@ -27,8 +27,12 @@ func (a *app) benchCmd() *cobra.Command {
 				programs, conc, iterations, idle = "print,echo", "1", 2, 2
 			}
 			o := bench.Options{Programs: programs, Iterations: iterations, IdleSandboxes: idle, Log: a.log}
+			o.Kubeconfig = kubeconfig
 			if modes == "" || modes == "all" {
 				o.Modes = bench.AllModes
+				if kubeconfig != "" {
+					o.Modes = append(o.Modes, bench.KubeModes...)
+				}
 			} else {
 				o.Modes = strings.Split(modes, ",")
 			}
@@ -64,7 +68,8 @@ func (a *app) benchCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&modes, "modes", "all", "modes to run: "+strings.Join(bench.AllModes, ","))
+	cmd.Flags().StringVar(&modes, "modes", "all", "modes to run: "+strings.Join(append(bench.AllModes, bench.KubeModes...), ","))
+	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "a cluster for the Kubernetes modes ("+strings.Join(bench.KubeModes, ",")+"; with --modes all, they run when this is set)")
 	cmd.Flags().StringVar(&programs, "programs", "all", "programs to run: print,numpy,pandas,compute,echo")
 	cmd.Flags().StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")
 	cmd.Flags().IntVar(&iterations, "iterations", 20, "timed runs per row (and again for throughput)")

@@ -54,7 +54,7 @@ step "fuzz targets (a short run each; the seed corpora also replay in go test)"
 bash scripts/fuzz.sh
 
 step "benchmark smoke (every mode works; numbers not asserted)"
-./bin/airlock bench --smoke --log-level warn --out "$(mktemp -d)" >/dev/null
+./bin/airlock bench --smoke --kubeconfig "$(bash scripts/cluster.sh kubeconfig)" --log-level warn --out "$(mktemp -d)" >/dev/null
 
 step "end-to-end (TypeScript MCP SDK over stdio; approval console in Chromium)"
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && AIRLOCK_BIN="$PWD/../../bin/airlock" node --test --test-concurrency=1)

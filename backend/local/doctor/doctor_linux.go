@@ -17,16 +17,12 @@ import (
 
 	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime/checks"
 	"github.com/airlock-mcp/airlock/runtime/image"
 )
 
 // Check is one finding.
-type Check struct {
-	Name   string
-	OK     bool
-	Detail string
-	Fix    string
-}
+type Check = checks.Check
 
 const installFix = "run scripts/install-deps.sh as root (or `make serve`, which runs it)"
 
@@ -35,28 +31,17 @@ var CNIDirs = []string{"/usr/lib/cni", "/opt/cni/bin"}
 
 // Run performs every check, prints a report to w and reports whether all passed.
 func Run(ctx context.Context, cfg config.Config, w io.Writer, log *slog.Logger) bool {
-	checks := Host(cfg)
+	found := Host(cfg)
 	allHost := true
-	for _, c := range checks {
+	for _, c := range found {
 		allHost = allHost && c.OK
 	}
 	if allHost {
-		checks = append(checks, Live(ctx, cfg, log)...)
+		found = append(found, Live(ctx, cfg, log)...)
 	} else {
-		checks = append(checks, Check{Name: "sandbox", Detail: "not tried: fix the problems above first"})
+		found = append(found, Check{Name: "sandbox", Detail: "not tried: fix the problems above first"})
 	}
-	ok := true
-	for _, c := range checks {
-		mark := "ok  "
-		if !c.OK {
-			mark, ok = "FAIL", false
-		}
-		fmt.Fprintf(w, "%s %-12s %s\n", mark, c.Name, c.Detail)
-		if !c.OK && c.Fix != "" {
-			fmt.Fprintf(w, "     %-12s fix: %s\n", "", c.Fix)
-		}
-	}
-	return ok
+	return checks.Print(w, found)
 }
 
 // Host checks what can be seen without starting anything.

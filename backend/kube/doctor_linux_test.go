@@ -1,0 +1,77 @@
+package kube
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/airlock-mcp/airlock/config"
+	"github.com/airlock-mcp/airlock/runtime/checks"
+)
+
+// The doctor passes on the test cluster as its admin, and names every
+// missing permission, with the fix, for an identity that has none.
+func TestDoctorOnCluster(t *testing.T) {
+	cs, rc := needCluster(t)
+	ns := testNamespace(t, cs)
+	cfg := config.Defaults()
+	cfg.Runtime.Backend = config.BackendKubernetes
+	cfg.Kubernetes.Kubeconfig, cfg.Kubernetes.Namespace = testKubeconfig(), ns
+	cfg.Limits.CPUs = 0.2
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	var out strings.Builder
+	if !checks.Print(&out, Doctor(context.Background(), cfg, log)) {
+		t.Fatalf("doctor failed as the cluster admin:\n%s", out.String())
+	}
+	for _, want := range []string{"ok   permissions", "ok   gvisor", "ok   network      interfaces: lo"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	// A service account nobody granted anything.
+	ctx := context.Background()
+	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "nobody"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	secs := int64(600)
+	tok, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "nobody", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &secs}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["c"] = &clientcmdapi.Cluster{Server: rc.Host, CertificateAuthorityData: rc.CAData}
+	if len(rc.CAData) == 0 {
+		kc.Clusters["c"].CertificateAuthority = rc.CAFile
+	}
+	kc.AuthInfos["nobody"] = &clientcmdapi.AuthInfo{Token: tok.Status.Token}
+	kc.Contexts["c"] = &clientcmdapi.Context{Cluster: "c", AuthInfo: "nobody"}
+	kc.CurrentContext = "c"
+	path := filepath.Join(t.TempDir(), "nobody.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Kubernetes.Kubeconfig = path
+	out.Reset()
+	dctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if checks.Print(&out, Doctor(dctx, cfg, log)) {
+		t.Fatalf("doctor passed for an identity with no permissions:\n%s", out.String())
+	}
+	for _, want := range []string{"FAIL permissions", "create pods/attach", "update leases.coordination.k8s.io", "fix: grant them with a Role", "sandbox pod  not tried"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
