@@ -269,6 +269,10 @@ type KubernetesConfig struct {
 	SchedulerName string             `mapstructure:"scheduler_name"`
 	// ScheduleTimeout bounds how long a sandbox pod may wait for a node.
 	ScheduleTimeout time.Duration `mapstructure:"schedule_timeout"`
+	// LeaseDuration is how long an instance's Lease lasts unrenewed; an
+	// instance silent for twice as long is dead to the others, which
+	// remove its pods.
+	LeaseDuration time.Duration `mapstructure:"lease_duration"`
 }
 
 // TolerationConfig is one toleration of sandbox pods, as in a pod spec.
@@ -325,7 +329,7 @@ func Defaults() Config {
 		Log:        LogConfig{Level: "info", Format: "text"},
 		Containerd: ContainerdConfig{Namespace: "airlock", Binary: "containerd"},
 		Runtime:    RuntimeConfig{Backend: BackendContainerd, Shim: ShimAuto, Runsc: "runsc"},
-		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second},
+		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second, LeaseDuration: 30 * time.Second},
 		Image:      DefaultImage,
 		Limits: Limits{
 			TimeoutS:    30,
@@ -396,6 +400,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("kubernetes.tolerations", d.Kubernetes.Tolerations)
 	v.SetDefault("kubernetes.scheduler_name", d.Kubernetes.SchedulerName)
 	v.SetDefault("kubernetes.schedule_timeout", d.Kubernetes.ScheduleTimeout)
+	v.SetDefault("kubernetes.lease_duration", d.Kubernetes.LeaseDuration)
 	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
 	v.SetDefault("runtime.runsc_flags", d.Runtime.RunscFlags)
 	v.SetDefault("image", d.Image)
@@ -530,6 +535,8 @@ func (c Config) Validate() error {
 			"kubernetes.runtime_class must name the RuntimeClass whose handler is gVisor (sandbox pods never run without it)"},
 		{c.Runtime.Backend != BackendKubernetes || c.Kubernetes.ScheduleTimeout >= time.Second,
 			"kubernetes.schedule_timeout must be at least 1s (write it with a unit: 60s)"},
+		{c.Runtime.Backend != BackendKubernetes || (c.Kubernetes.LeaseDuration >= 3*time.Second && c.Kubernetes.LeaseDuration <= time.Hour),
+			"kubernetes.lease_duration must be from 3s to 1h (write it with a unit: 30s)"},
 		{c.Runtime.Backend != BackendKubernetes || !c.Network.Enabled(),
 			"the kubernetes backend offers no networked runs yet: leave network.allow_domains empty"},
 		{l.TimeoutS >= 1, "limits.timeout_s must be at least 1"},

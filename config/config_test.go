@@ -86,6 +86,10 @@ func TestValidateNamesTheKey(t *testing.T) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Kubernetes.ScheduleTimeout = 60
 		},
+		"kubernetes.lease_duration": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Kubernetes.LeaseDuration = time.Second
+		},
 		"network.allow_domains": func(c *Config) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Network.AllowDomains = []string{"pypi.org"}

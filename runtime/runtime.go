@@ -155,7 +155,36 @@ type SessionOptions struct {
 	Limits Limits
 	// Egress, when set, is the session's network for its whole life.
 	Egress *egress.Policy
+	// Owner is the client the session belongs to. A backend whose sessions
+	// outlive this process (SessionAdopter) records it, and hands the
+	// session to another process for that client only.
+	Owner string
+	// Idle and Lifetime end the session: after Idle without a call, and
+	// Lifetime after it began. A backend whose sessions outlive this
+	// process ends them by these when no process serves them.
+	Idle, Lifetime time.Duration
 }
+
+// SessionRecord is what a backend kept of a session it hands over.
+type SessionRecord struct {
+	Owner   string
+	Created time.Time
+	Idle    time.Duration
+	Calls   int
+}
+
+// SessionAdopter is a SessionManager whose sessions outlive the process
+// that opened them: another airlock with the same backend serves them.
+type SessionAdopter interface {
+	SessionManager
+	// AdoptSession takes over session id, when it exists and belongs to
+	// owner; otherwise ErrNoSession, and nothing was touched.
+	AdoptSession(ctx context.Context, id, owner string) (Session, SessionRecord, error)
+}
+
+// ErrNoSession is returned by AdoptSession for a session that does not
+// exist, has ended, or belongs to another client.
+var ErrNoSession = errors.New("no such session")
 
 // SessionManager is a Manager that can keep sessions.
 type SessionManager interface {

@@ -98,7 +98,11 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	}
 	var sess *sessionEntry
 	if args.SessionID != "" {
-		if sess = h.sessions.get(args.SessionID, c.caller.ID); sess == nil {
+		sess, err = h.findSession(ctx, args.SessionID, c.caller.ID)
+		switch {
+		case err != nil:
+			return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
+		case sess == nil:
 			return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(noSession(args.SessionID)))
 		}
 		c.rec.Session = sess.id

@@ -28,6 +28,9 @@ type sessions struct {
 	m    map[string]*sessionEntry
 	stop chan struct{}
 	once sync.Once
+	// adoptMu makes takeovers one at a time: two calls for a session this
+	// process does not hold yet must not both attach to it.
+	adoptMu sync.Mutex
 }
 
 type sessionEntry struct {
@@ -77,6 +80,40 @@ func (r *sessions) get(id, client string) *sessionEntry {
 		return nil
 	}
 	return e
+}
+
+// findSession returns client's session id: one this process holds, or,
+// when the backend's sessions outlive the process that opened them, one
+// it takes over from another airlock (one that was killed, say). A nil
+// entry with a nil error means there is no such session for client.
+func (h *Handlers) findSession(ctx context.Context, id, client string) (*sessionEntry, error) {
+	if e := h.sessions.get(id, client); e != nil {
+		return e, nil
+	}
+	sa, ok := h.Manager.(runtime.SessionAdopter)
+	if !ok {
+		return nil, nil
+	}
+	h.sessions.adoptMu.Lock()
+	defer h.sessions.adoptMu.Unlock()
+	if e := h.sessions.get(id, client); e != nil {
+		return e, nil
+	}
+	sess, rec, err := sa.AdoptSession(ctx, id, client)
+	switch {
+	case errors.Is(err, runtime.ErrNoSession):
+		return nil, nil
+	case err != nil:
+		h.Log.Warn("session takeover failed", "session", id, "err", err)
+		return nil, fmt.Errorf("session %s could not be taken over from the airlock that served it: %w", id, err)
+	}
+	now := time.Now()
+	e := &sessionEntry{id: id, owner: rec.Owner, s: sess, network: config.NetworkNone, created: rec.Created, used: now, idle: rec.Idle, calls: rec.Calls}
+	h.sessions.mu.Lock()
+	h.sessions.m[id] = e
+	h.sessions.mu.Unlock()
+	h.Log.Info("session taken over", "session", id, "client", client, "calls_before", rec.Calls)
+	return e, nil
 }
 
 // SessionsActive is how many sessions are open now.
@@ -272,7 +309,8 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 	}
 	id := "s" + runtime.NewRunID()
 	sm := h.Manager.(runtime.SessionManager)
-	sess, err := sm.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: h.Limits.RunLimits(0), Egress: pol})
+	sess, err := sm.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: h.Limits.RunLimits(0), Egress: pol,
+		Owner: caller.ID, Idle: idle, Lifetime: h.Sessions.MaxLifetime})
 	if err != nil {
 		var ie *runtime.InfraError
 		var co *runtime.CircuitOpenError
@@ -314,8 +352,11 @@ func (h *Handlers) sessionArg(ctx context.Context, req mcp.CallToolRequest, tool
 	if err != nil {
 		return nil, nil, mcp.NewToolResultError(err.Error())
 	}
-	e := h.sessions.get(id, CallerFrom(ctx).ID)
-	if e == nil {
+	e, err := h.findSession(ctx, id, CallerFrom(ctx).ID)
+	switch {
+	case err != nil:
+		return nil, nil, mcp.NewToolResultError(err.Error())
+	case e == nil:
 		return nil, nil, mcp.NewToolResultError(noSession(id))
 	}
 	return e, m, nil

@@ -16,14 +16,11 @@ import (
 // An instance's Lease says it is alive, and owns its pods: deleting the
 // Lease lets the cluster's garbage collector delete them, so an airlock
 // that was SIGKILLed loses its pods as soon as any other airlock on the
-// namespace sees its Lease expired, with no name patterns involved.
-const (
-	leaseDuration = 30 * time.Second
-	leaseRenew    = 10 * time.Second
-	// leaseSlack is how long past its expiry another instance waits
-	// before it takes a Lease for dead (clock skew, a slow renewal).
-	leaseSlack = 30 * time.Second
-)
+// namespace sees its Lease expired, with no name patterns involved. A
+// Lease is renewed every third of its duration, and taken for dead once
+// unrenewed for twice its duration: the second duration is slack for
+// clock skew and a slow renewal.
+const defaultLeaseDuration = 30 * time.Second
 
 type instanceLease struct {
 	client    kubernetes.Interface
@@ -31,15 +28,20 @@ type instanceLease struct {
 	name      string
 	uid       types.UID
 	instance  string
-	log       *slog.Logger
-	cancel    context.CancelFunc
-	done      chan struct{}
+	duration  time.Duration
+	// afterRenew runs after each renewal: the sweep of what dead
+	// instances and abandoned sessions left.
+	afterRenew func(context.Context)
+	log        *slog.Logger
+	cancel     context.CancelFunc
+	done       chan struct{}
 }
 
-// startLease creates this instance's Lease and keeps it renewed.
-func startLease(ctx context.Context, client kubernetes.Interface, namespace, instance string, log *slog.Logger) (*instanceLease, error) {
+// startLease creates this instance's Lease and keeps it renewed, calling
+// afterRenew after each renewal.
+func startLease(ctx context.Context, client kubernetes.Interface, namespace, instance string, duration time.Duration, afterRenew func(context.Context), log *slog.Logger) (*instanceLease, error) {
 	now := metav1.NewMicroTime(time.Now())
-	secs := int32(leaseDuration / time.Second)
+	secs := int32(duration / time.Second)
 	holder := instance
 	l := &coordinationv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
@@ -54,7 +56,8 @@ func startLease(ctx context.Context, client kubernetes.Interface, namespace, ins
 		return nil, fmt.Errorf("create the instance lease in namespace %s: %w", namespace, err)
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	il := &instanceLease{client: client, namespace: namespace, name: created.Name, uid: created.UID, instance: instance, log: log, cancel: cancel, done: make(chan struct{})}
+	il := &instanceLease{client: client, namespace: namespace, name: created.Name, uid: created.UID, instance: instance,
+		duration: duration, afterRenew: afterRenew, log: log, cancel: cancel, done: make(chan struct{})}
 	go il.renew(rctx)
 	return il, nil
 }
@@ -66,7 +69,7 @@ func (l *instanceLease) owner() metav1.OwnerReference {
 
 func (l *instanceLease) renew(ctx context.Context) {
 	defer close(l.done)
-	t := time.NewTicker(leaseRenew)
+	t := time.NewTicker(l.duration / 3)
 	defer t.Stop()
 	for {
 		select {
@@ -82,6 +85,9 @@ func (l *instanceLease) renew(ctx context.Context) {
 		}
 		if err != nil && ctx.Err() == nil {
 			l.log.Warn("renew the instance lease", "lease", l.name, "err", err)
+		}
+		if l.afterRenew != nil {
+			l.afterRenew(ctx)
 		}
 	}
 }
@@ -134,13 +140,13 @@ func SweepExpired(ctx context.Context, client kubernetes.Interface, namespace st
 	return n, nil
 }
 
-// leaseExpired reports whether a Lease was last renewed longer ago than its
-// duration plus leaseSlack.
+// leaseExpired reports whether a Lease was last renewed longer ago than
+// twice its duration.
 func leaseExpired(l coordinationv1.Lease, now time.Time) bool {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		// Not one airlock wrote; judge it by its age.
-		return now.Sub(l.CreationTimestamp.Time) > leaseDuration+leaseSlack
+		return now.Sub(l.CreationTimestamp.Time) > 2*defaultLeaseDuration
 	}
 	d := time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
-	return now.Sub(l.Spec.RenewTime.Time) > d+leaseSlack
+	return now.Sub(l.Spec.RenewTime.Time) > 2*d
 }

@@ -23,6 +23,8 @@ const (
 	ManagedBy      = "airlock"
 	LabelInstance  = "airlock.dev/instance"
 	LabelRun       = "airlock.dev/run"
+	// LabelSession names the session a session pod serves.
+	LabelSession = "airlock.dev/session"
 )
 
 // Options configure a Manager.
@@ -41,7 +43,9 @@ type Options struct {
 	// ScheduleTimeout bounds how long a pod may wait for a node; past it,
 	// the run fails and counts for the breaker.
 	ScheduleTimeout time.Duration
-	UID, GID        uint32
+	// LeaseDuration is the instance Lease's (0: 30 s); see lease.go.
+	LeaseDuration time.Duration
+	UID, GID      uint32
 	// Env is extra fixed variables the operator grants every sandbox.
 	Env map[string]string
 	// PoolSize warm pods wait per instance, their drivers started with
@@ -85,6 +89,12 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	case o.ScheduleTimeout <= 0:
 		return nil, errors.New("kubernetes backend: kubernetes.schedule_timeout must be positive")
 	}
+	if o.LeaseDuration == 0 {
+		o.LeaseDuration = defaultLeaseDuration
+	}
+	if o.LeaseDuration < 3*time.Second {
+		return nil, errors.New("kubernetes backend: kubernetes.lease_duration must be at least 3s")
+	}
 	if o.Log == nil {
 		o.Log = slog.Default()
 	}
@@ -93,7 +103,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		admission: runtime.NewAdmission(o.Concurrency, o.Queue, o.QueueWait),
 		breaker:   runtime.NewBreaker(o.Breaker),
 	}
-	l, err := startLease(ctx, o.Client, o.Namespace, o.InstanceID, o.Log)
+	l, err := startLease(ctx, o.Client, o.Namespace, o.InstanceID, o.LeaseDuration, m.sweep, o.Log)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes backend: %w", err)
 	}

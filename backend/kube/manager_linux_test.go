@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
@@ -282,4 +283,60 @@ func TestWarmPodsAcrossInstances(t *testing.T) {
 	if err != nil || len(taken.Items) != 0 {
 		t.Errorf("taken pods left after their runs: %d (%v)", len(taken.Items), err)
 	}
+}
+
+// A session outlives the airlock that opened it: another instance takes
+// it over for its owner only, with the interpreter's state intact; the
+// first learns at its next call and lets go without deleting the pod;
+// the sweep leaves a served session alone and removes an abandoned one.
+func TestSessionTakeover(t *testing.T) {
+	cs, cfg := needCluster(t)
+	ns := testNamespace(t, cs)
+	a := newTestManager(t, cs, cfg, ns, 2, 0)
+	b := newTestManager(t, cs, cfg, ns, 2, 0)
+	ctx := context.Background()
+	lim := testLimits()
+	id := "s" + runtime.NewRunID()
+	sa, err := a.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: lim, Owner: "alice", Idle: 5 * time.Minute, Lifetime: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	py := func(s runtime.Session, code string) (runtime.Result, error) {
+		return s.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: lim})
+	}
+	if r, err := py(sa, "x = 41"); err != nil || r.ExitCode != 0 {
+		t.Fatalf("first call: %+v %v", r, err)
+	}
+	if _, _, err := b.AdoptSession(ctx, id, "mallory"); !errors.Is(err, runtime.ErrNoSession) {
+		t.Fatalf("another client's takeover: err %v, want ErrNoSession", err)
+	}
+	sb, rec, err := b.AdoptSession(ctx, id, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Owner != "alice" || rec.Calls != 1 || rec.Idle != 5*time.Minute {
+		t.Errorf("record %+v, want owner alice, 1 call, idle 5m", rec)
+	}
+	if r, err := py(sb, "print(x + 1)"); err != nil || r.Stdout != "42\n" {
+		t.Fatalf("after takeover: %+v %v; want the state kept", r, err)
+	}
+	if _, err := py(sa, "print(x)"); !errors.Is(err, runtime.ErrSessionClosed) {
+		t.Fatalf("the old holder's call: err %v, want ErrSessionClosed", err)
+	}
+	sa.Close()
+	a.WaitTeardowns()
+	if r, err := py(sb, "print(x)"); err != nil || r.Stdout != "41\n" {
+		t.Fatalf("after the old holder let go: %+v %v; want the pod kept", r, err)
+	}
+	if n, err := SweepSessions(ctx, cs, ns, time.Now(), time.Minute); err != nil || n != 0 {
+		t.Fatalf("sweep of a served session: %d %v, want 0", n, err)
+	}
+	if n, err := SweepSessions(ctx, cs, ns, time.Now().Add(time.Hour), 0); err != nil || n != 1 {
+		t.Fatalf("sweep an hour on: %d %v, want the abandoned session deleted", n, err)
+	}
+	if _, err := py(sb, "print(x)"); !errors.Is(err, runtime.ErrSessionClosed) {
+		t.Fatalf("call on a swept session: err %v, want ErrSessionClosed", err)
+	}
+	sb.Close()
+	b.WaitTeardowns()
 }

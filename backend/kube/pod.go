@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -37,6 +38,11 @@ type pod struct {
 	cancel  context.CancelFunc // ends the attach stream
 	created time.Time
 	steps   map[string]float64
+	// token is this attach's, echoed in the driver's Hello; a Hello with
+	// another token means another airlock attached (a session taken
+	// over): foreign is set, and this end detaches.
+	token   string
+	foreign atomic.Bool
 
 	mu         sync.Mutex
 	terminated *corev1.ContainerStateTerminated
@@ -63,35 +69,40 @@ func (m *Manager) newPod(name string, log *slog.Logger) *pod {
 	return &pod{m: m, name: name, st: exchange.NewStream(), diag: runtime.NewCappedBuffer(8<<10, nil), created: time.Now(), steps: map[string]float64{}, log: log}
 }
 
-// spec is the pod of a sandbox of this manager: a cold one for a run, or
-// a warm one (preload) for the pool.
-func (m *Manager) spec(name string, labels map[string]string, lim runtime.Limits, preload bool, deadline time.Duration) (*corev1.Pod, error) {
+// policy is the pod of a sandbox of this manager: a cold one for a run
+// as it is; a warm one (Preload) or a session's adds to it.
+func (m *Manager) policy(name string, labels map[string]string, lim runtime.Limits, deadline time.Duration) PodPolicy {
 	all := map[string]string{LabelManagedBy: ManagedBy, LabelInstance: m.o.InstanceID}
 	for k, v := range labels {
 		all[k] = v
 	}
-	return Pod(PodPolicy{
+	return PodPolicy{
 		Name: name, Namespace: m.o.Namespace, Labels: all,
 		Owner: m.lease.owner(),
 		Image: m.o.Image, RuntimeClass: m.o.RuntimeClass,
 		UID: m.o.UID, GID: m.o.GID,
-		Preload: preload, PreloadModules: m.o.PoolPreload,
 		Env:    runtime.BuildEnv(m.o.Env),
 		Limits: lim,
 		// A backstop only: airlock deletes the pod at the run's deadline.
 		DeadlineSeconds: int64(deadline / time.Second),
 		NodeSelector:    m.o.NodeSelector, Tolerations: m.o.Tolerations, SchedulerName: m.o.SchedulerName,
-	})
+	}
 }
 
 // startPod creates the pod of a run, waits for it to run, attaches to its
 // driver and waits for its hello. On error the pod is deleted.
-func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits) (_ *pod, err error) {
-	p := m.newPod("airlock-"+runID, m.o.Log.With("pod", "airlock-"+runID, "run", runID))
-	spec, err := m.spec(p.name, map[string]string{LabelRun: runID}, lim, false, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute)
+func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits) (*pod, error) {
+	spec, err := Pod(m.policy("airlock-"+runID, map[string]string{LabelRun: runID}, lim, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute))
 	if err != nil {
 		return nil, err
 	}
+	return m.startSpec(ctx, spec, lim, m.o.Log.With("pod", spec.Name, "run", runID))
+}
+
+// startSpec creates the pod spec describes, waits for it to run, attaches
+// to its driver and waits for its hello. On error the pod is deleted.
+func (m *Manager) startSpec(ctx context.Context, spec *corev1.Pod, lim runtime.Limits, log *slog.Logger) (_ *pod, err error) {
+	p := m.newPod(spec.Name, log)
 	if _, err := m.o.Client.CoreV1().Pods(m.o.Namespace).Create(ctx, spec, metav1.CreateOptions{}); err != nil {
 		return nil, createError(err, lim)
 	}
@@ -241,14 +252,15 @@ func (p *pod) attach(ctx context.Context) error {
 		stdoutW.Close()
 		stdinR.Close()
 	}()
-	go p.st.Decode(stdoutR, nil, p.log)
+	p.token = runtime.NewRunID()
+	go p.st.Decode(stdoutR, p.sawHello, p.log)
 	hctx, hcancel := context.WithTimeout(ctx, helloTimeout)
 	defer hcancel()
 	go func() {
 		t := time.NewTicker(attachRepeat)
 		defer t.Stop()
 		for {
-			if err := p.st.Send(driver.FrameAttach, nil); err != nil {
+			if err := p.st.Send(driver.FrameAttach, []byte(p.token)); err != nil {
 				return
 			}
 			select {
@@ -258,13 +270,29 @@ func (p *pod) attach(ctx context.Context) error {
 			}
 		}
 	}()
-	if _, err := p.st.WaitHello(hctx, p.diagText); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	for {
+		h, err := p.st.WaitHello(hctx, p.diagText)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return runtime.Infra("sandbox driver not ready", err)
 		}
-		return runtime.Infra("sandbox driver not ready", err)
+		if h.Attach == p.token {
+			return nil
+		}
 	}
-	return nil
+}
+
+// sawHello notices a Hello that answers another host's attach.
+func (p *pod) sawHello(h driver.Hello) {
+	if h.Attach == "" || h.Attach == p.token {
+		return
+	}
+	p.log.Info("another airlock attached to the sandbox pod; detaching")
+	p.foreign.Store(true)
+	// Its output now goes to both; nobody would read this end's.
+	p.cancel()
 }
 
 func (p *pod) diagText() string {
@@ -386,6 +414,11 @@ func (p *pod) destroy() {
 	if err := p.waitGone(ctx); err != nil {
 		p.log.Error("sandbox pod not gone", "err", err)
 	}
+	p.detach()
+}
+
+// detach ends the attach stream and leaves the pod as it is.
+func (p *pod) detach() {
 	if p.cancel != nil {
 		p.cancel()
 	}

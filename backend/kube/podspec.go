@@ -22,6 +22,8 @@ const Container = "sandbox"
 type PodPolicy struct {
 	Name, Namespace string
 	Labels          map[string]string
+	// Annotations carry a session's record (owner, idle deadline).
+	Annotations map[string]string
 	// Owner, when set, owns the pod: the instance Lease, whose deletion
 	// lets the garbage collector remove the pod.
 	Owner metav1.OwnerReference
@@ -110,13 +112,20 @@ func Pod(p PodPolicy) (*corev1.Pod, error) {
 	for k, v := range p.NodeSelector {
 		nodeSelector[k] = v
 	}
+	var annotations map[string]string
+	if len(p.Annotations) > 0 {
+		annotations = make(map[string]string, len(p.Annotations))
+		for k, v := range p.Annotations {
+			annotations[k] = v
+		}
+	}
 	var owners []metav1.OwnerReference
 	if p.Owner.UID != "" {
 		owners = []metav1.OwnerReference{p.Owner}
 	}
 	pod := &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: labels, OwnerReferences: owners},
+		ObjectMeta: metav1.ObjectMeta{Name: p.Name, Namespace: p.Namespace, Labels: labels, Annotations: annotations, OwnerReferences: owners},
 		Spec: corev1.PodSpec{
 			RuntimeClassName:              &p.RuntimeClass,
 			RestartPolicy:                 corev1.RestartPolicyNever,

@@ -259,8 +259,10 @@ func (p *pool) warmOne() (err error) {
 	defer cancel()
 	name := "airlock-w" + runtime.NewRunID()[1:]
 	s := p.m.newPod(name, o.Log.With("pod", name))
-	spec, err := p.m.spec(name, map[string]string{LabelPool: "warming", LabelShape: p.shape}, p.limits, true,
+	pol := p.m.policy(name, map[string]string{LabelPool: "warming", LabelShape: p.shape}, p.limits,
 		p.maxIdle+warmTimeout+o.MaxTimeout+helloTimeout+time.Minute)
+	pol.Preload, pol.PreloadModules = true, o.PoolPreload
+	spec, err := Pod(pol)
 	if err != nil {
 		return err
 	}

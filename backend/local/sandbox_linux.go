@@ -212,7 +212,7 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 		}
 		task.IO().Close()
 	})
-	go s.st.Decode(stdoutR, s.started, s.log())
+	go s.st.Decode(stdoutR, func(driver.Hello) { s.started() }, s.log())
 	if err := task.Start(ctx); err != nil {
 		return nil, runtime.Infra("start sandbox", err)
 	}

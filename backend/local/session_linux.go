@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/airlock-mcp/airlock/runtime"
@@ -25,7 +26,8 @@ type session struct {
 
 	mu     sync.Mutex // one call at a time
 	closed bool
-	lost   bool
+	// lost is read without mu: the reaper asks while a call holds it.
+	lost atomic.Bool
 }
 
 // OpenSession starts a session, from a warm sandbox when one fits.
@@ -92,7 +94,7 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	ss.m.o.Log.Info("session run finished", "session", ss.id, "run", req.RunID, "lang", req.Language, "exit", res.ExitCode,
 		"reason", res.Reason, "lost", res.SessionLost, "took", res.Duration, "total", time.Since(start))
 	if res.SessionLost {
-		ss.lost = true
+		ss.lost.Store(true)
 		ss.closeLocked()
 	}
 	return res, err
@@ -110,7 +112,7 @@ func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResul
 	}
 	res, err := ss.s.st.FileOp(ctx, op, fileOpTimeout)
 	if errors.Is(err, exchange.ErrStreamEnded) {
-		ss.lost = true
+		ss.lost.Store(true)
 		ss.closeLocked()
 		return res, fmt.Errorf("%w: its sandbox stopped", runtime.ErrSessionClosed)
 	}
@@ -119,11 +121,7 @@ func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResul
 
 // Lost reports whether the session ended because its sandbox or its
 // interpreter did.
-func (ss *session) Lost() bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return ss.lost
-}
+func (ss *session) Lost() bool { return ss.lost.Load() }
 
 // Close destroys the session's sandbox; it waits for a call in progress.
 func (ss *session) Close() {

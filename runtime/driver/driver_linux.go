@@ -160,7 +160,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	t, p, err := in.Next()
 	for err == nil && t == FrameAttach {
-		if err := d.out.writeJSON(FrameHello, hello); err != nil {
+		if err := d.out.writeJSON(FrameHello, hello.AnswerAttach(p)); err != nil {
 			return 3
 		}
 		t, p, err = in.Next()
@@ -1045,7 +1045,7 @@ func (d *driver) session(in *Reader) {
 		case FrameAttach:
 			// Another host took the session over; the worker's state is
 			// as it was.
-			_ = d.out.writeJSON(FrameHello, d.hello)
+			_ = d.out.writeJSON(FrameHello, d.hello.AnswerAttach(m.p))
 		}
 	}
 	d.stopWorker()

@@ -77,6 +77,21 @@ type Hello struct {
 	Preloaded bool `json:"preloaded"`
 	// PreloadError says why a requested preload failed, if it did.
 	PreloadError string `json:"preload_error,omitempty"`
+	// Attach echoes the attach frame this Hello answers: a host that sees
+	// a Hello with a token not its own knows another host has attached.
+	Attach string `json:"attach,omitempty"`
+}
+
+// MaxAttachToken is the longest attach token echoed back.
+const MaxAttachToken = 64
+
+// AnswerAttach is the Hello that answers an attach frame carrying token.
+func (h Hello) AnswerAttach(token []byte) Hello {
+	if len(token) > MaxAttachToken {
+		token = token[:MaxAttachToken]
+	}
+	h.Attach = string(token)
+	return h
 }
 
 // Work is one piece of code to run.

@@ -61,3 +61,20 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+func TestAnswerAttachEchoesBoundedToken(t *testing.T) {
+	h := Hello{Version: 1, Preloaded: true}
+	if got := h.AnswerAttach([]byte("abc")); got.Attach != "abc" || !got.Preloaded || got.Version != 1 {
+		t.Errorf("AnswerAttach(abc) = %+v", got)
+	}
+	long := make([]byte, 4*MaxAttachToken)
+	for i := range long {
+		long[i] = 'x'
+	}
+	if got := h.AnswerAttach(long); len(got.Attach) != MaxAttachToken {
+		t.Errorf("echoed %d bytes of a %d-byte token, want %d", len(got.Attach), len(long), MaxAttachToken)
+	}
+	if h.Attach != "" {
+		t.Error("AnswerAttach changed its receiver")
+	}
+}

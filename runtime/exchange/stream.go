@@ -50,9 +50,9 @@ func (s *Stream) SetInput(w io.Writer) {
 }
 
 // Decode reads the driver's frames from r until it ends; onHello, if set,
-// is called as each Hello arrives (the sandbox is ready). Run it in its own
-// goroutine, once.
-func (s *Stream) Decode(r io.Reader, onHello func(), log *slog.Logger) {
+// is called with each Hello as it arrives (the sandbox is ready, or
+// another host attached). Run it in its own goroutine, once.
+func (s *Stream) Decode(r io.Reader, onHello func(driver.Hello), log *slog.Logger) {
 	defer close(s.gone)
 	fr := driver.NewReader(r)
 	for {
@@ -64,11 +64,11 @@ func (s *Stream) Decode(r io.Reader, onHello func(), log *slog.Logger) {
 			return
 		}
 		if t == driver.FrameHello {
-			if onHello != nil {
-				onHello()
-			}
 			var h driver.Hello
 			_ = json.Unmarshal(p, &h)
+			if onHello != nil {
+				onHello(h)
+			}
 			// A second Hello (the answer to a repeated attach frame) is
 			// dropped: the first was taken or is waiting.
 			select {

@@ -49,12 +49,30 @@ const up = await clusterUp();
 describe('kubernetes backend over stdio', { skip: !up && 'no test cluster (scripts/cluster.sh up starts one)', timeout: 20 * 60_000 }, () => {
   const ns = 'airlock-e2e-' + randomBytes(4).toString('hex');
   const canary = 'canary-' + randomBytes(8).toString('hex');
-  let dir, client, transport, stderr = '';
+  let dir, cfg, client, stderr = '';
+  const pids = new Map(); // each client's airlock process
 
-  const call = async (name, args, timeout = 180_000) => {
-    const res = await client.callTool({ name, arguments: args }, CallToolResultSchema, { timeout });
-    return { sc: res.structuredContent, text: res.content?.find((c) => c.type === 'text')?.text ?? '', isError: res.isError === true };
+  /** Starts `airlock serve` over stdio with the test's config; returns its client. */
+  const connect = async (name) => {
+    const transport = new StdioClientTransport({
+      command: AIRLOCK_BIN,
+      args: ['serve', '--transport', 'stdio', '--config', cfg],
+      env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: canary },
+      stderr: 'pipe',
+    });
+    transport.stderr.on('data', (c) => { stderr = (stderr + c.toString()).slice(-256 * 1024); });
+    const c = new Client({ name, version: '0.0.0' });
+    await c.connect(transport, { timeout: 120_000 });
+    await c.listTools();
+    pids.set(c, transport.pid);
+    return c;
   };
+
+  const callWith = async (c, name, args, timeout = 180_000) => {
+    const res = await c.callTool({ name, arguments: args }, CallToolResultSchema, { timeout });
+    return { sc: res.structuredContent, text: res.content?.find((x) => x.type === 'text')?.text ?? '', isError: res.isError === true };
+  };
+  const call = (name, args, timeout) => callWith(client, name, args, timeout);
   const py = (code, extra = {}) => call('run_python', { code, ...extra });
   const sh = (command, extra = {}) => call('run_shell', { command, ...extra });
   const why = (r) => `${r.text.slice(0, 1500)}\n--- server stderr (tail) ---\n${stderr.slice(-3000)}`;
@@ -65,11 +83,12 @@ describe('kubernetes backend over stdio', { skip: !up && 'no test cluster (scrip
     assert.ok(await waitFor(async () => (await kubectl('-n', ns, 'get', 'serviceaccount', 'default', '-o', 'name').catch(() => '')).trim() !== '', 60_000),
       `the default service account of ${ns}`);
     dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_k8s_'));
-    const cfg = path.join(dir, 'config.yaml');
+    cfg = path.join(dir, 'config.yaml');
     await writeFile(cfg, [
       `state_dir: ${JSON.stringify(dir)}`,
       'runtime: {backend: kubernetes}',
-      `kubernetes: {kubeconfig: ${JSON.stringify(KUBECONFIG)}, namespace: ${ns}, schedule_timeout: 120s}`,
+      // A short lease: a killed airlock is found dead within seconds.
+      `kubernetes: {kubeconfig: ${JSON.stringify(KUBECONFIG)}, namespace: ${ns}, schedule_timeout: 120s, lease_duration: 5s}`,
       `limits: {workspace_mb: 8, tmp_mb: 8, memory_mb: 256, cpus: 0.3, pids: 64, stdout_bytes: ${STDOUT_CAP}, concurrency: 4, queue: 64, queue_wait_s: 300}`,
       // Two warm pods (without numpy and pandas: the one test node has 2
       // CPUs to give, and 4 runs + 2 warm pods at 0.3 fit).
@@ -77,16 +96,7 @@ describe('kubernetes backend over stdio', { skip: !up && 'no test cluster (scrip
       'audit: {enabled: false}',
       '',
     ].join('\n'));
-    transport = new StdioClientTransport({
-      command: AIRLOCK_BIN,
-      args: ['serve', '--transport', 'stdio', '--config', cfg],
-      env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: canary },
-      stderr: 'pipe',
-    });
-    transport.stderr.on('data', (c) => { stderr = (stderr + c.toString()).slice(-256 * 1024); });
-    client = new Client({ name: 'airlock-e2e-k8s', version: '0.0.0' });
-    await client.connect(transport, { timeout: 120_000 });
-    await client.listTools();
+    client = await connect('airlock-e2e-k8s');
   });
 
   after(async () => {
@@ -177,6 +187,42 @@ except OSError as e:
       'every pod of a run gone after the runs');
     assert.deepEqual(await airlockObjects(ns, 'secrets'), []);
     assert.deepEqual(await airlockObjects(ns, 'configmaps'), []);
+  });
+
+  test('two airlock processes on one namespace: 40 calls, no pod served two', async () => {
+    const second = await connect('airlock-e2e-k8s-second');
+    try {
+      // Each run must find /workspace unmarked: a pod that served an
+      // earlier run would show that run's mark.
+      const code = "import os\nprint(os.path.exists('/workspace/.used'))\nopen('/workspace/.used', 'w').close()";
+      const results = await Promise.all(Array.from({ length: 40 }, (_, i) =>
+        callWith(i % 2 ? second : client, 'run_python', { code })));
+      results.forEach((r) => assert.equal(r.sc?.stdout, 'False\n', why(r)));
+      assert.equal((await airlockObjects(ns, 'leases')).length, 2, 'one lease per process');
+    } finally {
+      await second.close();
+    }
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'leases')).length === 1, 30_000), "the second process's lease gone with it");
+  });
+
+  test('a session outlives its airlock being SIGKILLed: another serves its next call, state intact', async () => {
+    const first = await connect('airlock-e2e-k8s-killed');
+    const created = await callWith(first, 'session_create', {});
+    const sid = created.sc?.session_id;
+    assert.ok(sid, why(created));
+    const set = await callWith(first, 'run_python', { session_id: sid, code: 'x = 41' });
+    assert.equal(set.isError, false, why(set));
+    assert.ok(pids.get(first), 'the first airlock has a pid');
+    process.kill(pids.get(first), 'SIGKILL');
+    await first.close().catch(() => {});
+    // The same user on stdio is the same client: the session is still its.
+    const next = await call('run_python', { session_id: sid, code: 'print(x + 1)' });
+    assert.equal(next.sc?.stdout, '42\n', why(next));
+    // The dead airlock's Lease is swept by the live one, and with it its warm pods.
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'leases')).length === 1, 60_000), 'the killed airlock\'s lease removed');
+    const closed = await call('session_close', { session_id: sid });
+    assert.equal(closed.isError, false, why(closed));
+    assert.ok(await waitFor(async () => (await airlockObjects(ns, 'pods', ',airlock.dev/session')).length === 0, 60_000), 'the session pod gone');
   });
 
   test('closing the client removes the instance lease and its warm pods', async () => {
