@@ -38,9 +38,6 @@ const (
 	annBusyUntil = "airlock.dev/busy-until"
 )
 
-// fileOpTimeout bounds one file operation in a session.
-const fileOpTimeout = 30 * time.Second
-
 // busySlack is added to a call's timeout for its busy mark: the interrupt
 // and the answer take a moment past the timeout.
 const busySlack = exchange.InterruptWait + 10*time.Second
@@ -216,15 +213,14 @@ func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResul
 	if ss.closed {
 		return driver.FileResult{}, runtime.ErrSessionClosed
 	}
-	if err := ss.begin(ctx, fileOpTimeout); err != nil {
+	if err := ss.begin(ctx, exchange.FileOpTimeout); err != nil {
 		return driver.FileResult{}, err
 	}
 	defer ss.end()
-	res, err := ss.p.st.FileOp(ctx, op, fileOpTimeout)
+	res, err := ss.p.st.FileOp(ctx, op)
 	if errors.Is(err, exchange.ErrStreamEnded) {
 		ss.lost.Store(true)
 		ss.closeLocked()
-		return res, fmt.Errorf("%w: its sandbox stopped", runtime.ErrSessionClosed)
 	}
 	return res, err
 }

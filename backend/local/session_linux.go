@@ -3,7 +3,6 @@ package local
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,9 +11,6 @@ import (
 	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/exchange"
 )
-
-// fileOpTimeout bounds one file operation in a session.
-const fileOpTimeout = 30 * time.Second
 
 // session is one sandbox kept for many calls (see Session). One call at a
 // time.
@@ -110,11 +106,10 @@ func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResul
 	if ss.closed {
 		return driver.FileResult{}, runtime.ErrSessionClosed
 	}
-	res, err := ss.s.st.FileOp(ctx, op, fileOpTimeout)
+	res, err := ss.s.st.FileOp(ctx, op)
 	if errors.Is(err, exchange.ErrStreamEnded) {
 		ss.lost.Store(true)
 		ss.closeLocked()
-		return res, fmt.Errorf("%w: its sandbox stopped", runtime.ErrSessionClosed)
 	}
 	return res, err
 }

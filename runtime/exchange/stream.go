@@ -126,14 +126,18 @@ func (s *Stream) Drain(take func(Frame)) {
 	}
 }
 
-// ErrStreamEnded is returned by FileOp when the driver's output ended: the
-// sandbox is gone.
+// ErrStreamEnded is wrapped, with runtime.ErrSessionClosed, in FileOp's
+// error when the driver's output ended: the sandbox, and so the session,
+// is gone.
 var ErrStreamEnded = errors.New("the sandbox's driver stream ended")
 
+// FileOpTimeout bounds one file operation in a session.
+const FileOpTimeout = 30 * time.Second
+
 // FileOp does one file operation in a session's sandbox and waits, up to
-// timeout, for the driver's answer. Output left over from an earlier call
-// is skipped.
-func (s *Stream) FileOp(ctx context.Context, op driver.FileOp, timeout time.Duration) (driver.FileResult, error) {
+// FileOpTimeout, for the driver's answer. Output left over from an earlier
+// call is skipped.
+func (s *Stream) FileOp(ctx context.Context, op driver.FileOp) (driver.FileResult, error) {
 	payload, err := json.Marshal(op)
 	if err != nil {
 		return driver.FileResult{}, err
@@ -141,7 +145,7 @@ func (s *Stream) FileOp(ctx context.Context, op driver.FileOp, timeout time.Dura
 	if err := s.Send(driver.FrameFileOp, payload); err != nil {
 		return driver.FileResult{}, runtime.Infra("session file operation", err)
 	}
-	timer := time.NewTimer(timeout)
+	timer := time.NewTimer(FileOpTimeout)
 	defer timer.Stop()
 	for {
 		select {
@@ -155,7 +159,7 @@ func (s *Stream) FileOp(ctx context.Context, op driver.FileOp, timeout time.Dura
 			}
 			return res, nil
 		case <-s.gone:
-			return driver.FileResult{}, ErrStreamEnded
+			return driver.FileResult{}, fmt.Errorf("%w: its sandbox stopped (%w)", runtime.ErrSessionClosed, ErrStreamEnded)
 		case <-timer.C:
 			return driver.FileResult{}, runtime.Infra("session file operation", errors.New("no answer in time"))
 		case <-ctx.Done():
