@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -38,7 +39,13 @@ func testManager(t *testing.T, concurrency int) (*Manager, *kubernetes.Clientset
 // (no modules preloaded), and closes it when the test ends.
 func newTestManager(t *testing.T, cs *kubernetes.Clientset, cfg *rest.Config, ns string, concurrency, poolSize int) *Manager {
 	t.Helper()
-	m, err := New(context.Background(), Options{
+	return newTestManagerWith(t, cs, cfg, ns, concurrency, poolSize, func(*Options) {})
+}
+
+// newTestManagerWith is newTestManager with the options changed by edit.
+func newTestManagerWith(t *testing.T, cs *kubernetes.Clientset, cfg *rest.Config, ns string, concurrency, poolSize int, edit func(*Options)) *Manager {
+	t.Helper()
+	o := Options{
 		PoolSize: poolSize, PoolLimits: testLimits(), PoolMaxIdle: 10 * time.Minute, MaxTimeout: 5 * time.Minute,
 		Client: cs, REST: cfg, Namespace: ns, InstanceID: runtime.NewRunID(),
 		Image: testImage, RuntimeClass: "gvisor", ScheduleTimeout: time.Minute,
@@ -46,7 +53,9 @@ func newTestManager(t *testing.T, cs *kubernetes.Clientset, cfg *rest.Config, ns
 		Concurrency: concurrency, Queue: 64, QueueWait: 5 * time.Minute,
 		Breaker: runtime.BreakerOptions{Failures: 0},
 		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	}
+	edit(&o)
+	m, err := New(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,4 +348,68 @@ func TestSessionTakeover(t *testing.T) {
 	}
 	sb.Close()
 	b.WaitTeardowns()
+}
+
+// A namespace ResourceQuota without room, and a pod no node can take, are
+// infrastructure errors that name the size and the fix, not hangs; the
+// unschedulable pod counts for the breaker; neither leaves a pod behind.
+func TestAdmissionErrors(t *testing.T) {
+	cs, cfg := needCluster(t)
+	ctx := context.Background()
+	run := func(m *Manager, lim runtime.Limits) error {
+		_, err := m.Run(ctx, runtime.Request{Language: runtime.Shell, Code: "echo hi", Limits: lim})
+		return err
+	}
+	t.Run("quota without room", func(t *testing.T) {
+		ns := testNamespace(t, cs)
+		q := &corev1.ResourceQuota{ObjectMeta: metav1.ObjectMeta{Name: "small"},
+			Spec: corev1.ResourceQuotaSpec{Hard: corev1.ResourceList{corev1.ResourceLimitsMemory: resource.MustParse("100Mi")}}}
+		if _, err := cs.CoreV1().ResourceQuotas(ns).Create(ctx, q, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// Until the controller has counted the namespace, admission refuses
+		// with "status unknown", not with the quota's verdict.
+		waitFor(t, time.Minute, "the quota counted", func() (bool, error) {
+			got, err := cs.CoreV1().ResourceQuotas(ns).Get(ctx, "small", metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			_, ok := got.Status.Hard[corev1.ResourceLimitsMemory]
+			return ok, nil
+		})
+		m := newTestManager(t, cs, cfg, ns, 1, 0)
+		err := run(m, testLimits())
+		t.Logf("quota: %v", err)
+		var infra *runtime.InfraError
+		if !errors.As(err, &infra) || !strings.Contains(err.Error(), "ResourceQuota has no room for a sandbox of 256 MiB") {
+			t.Fatalf("err %v; want an infrastructure error naming the quota and the size", err)
+		}
+		m.WaitTeardowns()
+		if n := instancePods(t, cs, ns, m); n != 0 {
+			t.Errorf("%d pods of this instance left", n)
+		}
+	})
+	t.Run("no node can take it", func(t *testing.T) {
+		ns := testNamespace(t, cs)
+		m := newTestManagerWith(t, cs, cfg, ns, 1, 0, func(o *Options) {
+			o.ScheduleTimeout = 3 * time.Second
+			o.Breaker = runtime.BreakerOptions{Failures: 1, Window: time.Hour, Cooldown: time.Hour}
+		})
+		huge := testLimits()
+		huge.MemoryBytes = 1 << 40
+		err := run(m, huge)
+		t.Logf("unschedulable: %v", err)
+		var infra *runtime.InfraError
+		if !errors.As(err, &infra) || !strings.Contains(err.Error(), "no node can take a sandbox of 1048576 MiB") || !strings.Contains(err.Error(), "Insufficient memory") {
+			t.Fatalf("err %v; want an infrastructure error with the size and the scheduler's reason", err)
+		}
+		var open *runtime.CircuitOpenError
+		if err := run(m, testLimits()); !errors.As(err, &open) {
+			t.Fatalf("the next run: err %v; want the breaker open after the pod that never ran", err)
+		}
+		m.WaitTeardowns()
+		if n := instancePods(t, cs, ns, m); n != 0 {
+			t.Errorf("%d pods of this instance left", n)
+		}
+	})
 }

@@ -127,7 +127,7 @@ func (m *Manager) startSpec(ctx context.Context, spec *corev1.Pod, lim runtime.L
 // the fix.
 func createError(err error, lim runtime.Limits) error {
 	if apierrors.IsForbidden(err) && strings.Contains(err.Error(), "exceeded quota") {
-		return runtime.Infra("create sandbox pod", fmt.Errorf("the namespace's ResourceQuota has no room for a sandbox of %d MiB and %g CPU (raise the quota or lower limits.concurrency): %w", lim.MemoryBytes>>20, lim.CPUs, err))
+		return runtime.Infra("create sandbox pod", fmt.Errorf("the namespace's ResourceQuota has no room for a sandbox of %d MiB and %g CPU (raise the quota, or lower the memory or CPU limit or limits.concurrency): %w", lim.MemoryBytes>>20, lim.CPUs, err))
 	}
 	return runtime.Infra("create sandbox pod", err)
 }
@@ -189,21 +189,31 @@ var fatalWaiting = map[string]bool{
 	"CreateContainerError": true, "RunContainerError": true, "ImagePullBackOff": true, "ErrImagePull": true,
 }
 
-// pending says why a pod is not running yet: the scheduler's words when
-// no node takes it.
+// pending says why a pod is not running yet: the scheduler's words, and
+// the size it could not place, when no node takes it.
 func pending(po *corev1.Pod) string {
 	if po == nil {
 		return "the API server said nothing of the pod"
 	}
 	for _, c := range po.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue {
-			return "no node can take the sandbox: " + c.Message
+			return fmt.Sprintf("no node can take a sandbox of %s: %s (lower the memory or CPU limit, add nodes, or raise kubernetes.schedule_timeout)", podSize(po), c.Message)
 		}
 	}
 	if cs := containerStatus(po); cs != nil && cs.State.Waiting != nil {
 		return fmt.Sprintf("container waiting: %s %s", cs.State.Waiting.Reason, cs.State.Waiting.Message)
 	}
 	return "pod " + string(po.Status.Phase)
+}
+
+// podSize is the memory and CPU the pod's sandbox container asks for.
+func podSize(po *corev1.Pod) string {
+	for _, c := range po.Spec.Containers {
+		if c.Name == Container {
+			return fmt.Sprintf("%d MiB and %g CPU", c.Resources.Limits.Memory().Value()>>20, c.Resources.Limits.Cpu().AsApproximateFloat64())
+		}
+	}
+	return "unknown size"
 }
 
 func containerStatus(po *corev1.Pod) *corev1.ContainerStatus {
