@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -120,6 +121,14 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 		}
 		defer stopMetrics()
 		s := server.New(a.version, h)
+		var sessionKey []byte
+		if f := cfg.Server.SessionKeyFile; f != "" {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return fmt.Errorf("server.session_key_file: %w", err)
+			}
+			sessionKey = bytes.TrimSpace(b)
+		}
 		srv, err := server.NewHTTP(s, server.HTTPOptions{
 			Listen: cfg.Server.Listen, Transports: transports,
 			Socket: cfg.Server.Socket, SocketGroup: cfg.Server.SocketGroup,
@@ -129,8 +138,9 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			Ready:          b.Ready,
 			Extra:          map[string]http.Handler{"/metrics": metrics.Handler()},
 			// A write_file of the largest file, base64-encoded, must fit.
-			MaxBody: maxMessageBytes(cfg),
-			Log:     a.log,
+			MaxBody:    maxMessageBytes(cfg),
+			SessionKey: sessionKey,
+			Log:        a.log,
 		})
 		if err != nil {
 			return err

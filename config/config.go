@@ -122,6 +122,10 @@ type ServerConfig struct {
 	// ProgressInterval is the least time between two progress notifications
 	// of one run.
 	ProgressInterval time.Duration `mapstructure:"progress_interval"`
+	// SessionKeyFile holds a key shared by replicas behind one Service, so
+	// any of them serves a streamable HTTP session another opened; empty:
+	// sessions stay on the process that opened them.
+	SessionKeyFile string `mapstructure:"session_key_file"`
 }
 
 // TLSConfig serves the HTTP transports over TLS when both are set.
@@ -463,6 +467,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("server.shutdown_grace", d.Server.ShutdownGrace)
 	v.SetDefault("server.allowed_origins", d.Server.AllowedOrigins)
 	v.SetDefault("server.progress_interval", d.Server.ProgressInterval)
+	v.SetDefault("server.session_key_file", d.Server.SessionKeyFile)
 	v.SetDefault("tls.cert", d.TLS.Cert)
 	v.SetDefault("tls.key", d.TLS.Key)
 	v.SetDefault("auth.tokens", d.Auth.Tokens)

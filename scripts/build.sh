@@ -7,4 +7,5 @@ command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
 cd "$(dirname "$0")/.."
 CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags "-s -w" -o runtime/image/driverbin/airlock-driver ./cmd/airlock-driver
 version=$(git describe --always --dirty 2>/dev/null || echo dev)
-go build -trimpath -ldflags "-X main.version=$version" -o bin/airlock .
+# Static: the same binary runs on a host and in airlock's own image (deploy/kubernetes).
+CGO_ENABLED=0 go build -trimpath -ldflags "-X main.version=$version" -o bin/airlock .

@@ -9,7 +9,9 @@
 # Everything stays on this machine: the API server listens on the node
 # address, a bridge of its own (10.217.0.1); pods get 10.217.0.0/24 with no
 # masquerade, a firewall table drops anything they send off the bridge, and
-# services (10.217.16.0/24) have no proxy. gVisor runs sandbox pods with
+# services (10.217.16.0/24) are routed to the bridge and proxied by
+# kube-proxy (nftables mode, its node ports only on the bridge address), so
+# no service address ever leaves the machine. gVisor runs sandbox pods with
 # network "none": loopback only.
 #
 # `up` is idempotent: a healthy cluster is left as it is. `down` stops it
@@ -92,6 +94,7 @@ wait_for() {
 
 healthy() {
   [[ -f "$KUBECONFIG_ADMIN" ]] || return 1
+  pid_alive kube-proxy || return 1
   kubectl get --raw /readyz >/dev/null 2>&1 || return 1
   [[ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]] || return 1
   kubectl get runtimeclass gvisor >/dev/null 2>&1
@@ -103,6 +106,9 @@ network_up() {
   fi
   ip addr replace "$NODE_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
+  # Service addresses go to the bridge, never to the host's default route,
+  # even before kube-proxy has rewritten them.
+  ip route replace "$SERVICE_CIDR" dev "$BRIDGE" src "$NODE_IP"
   # Pods talk to the node and each other, and to nothing else.
   nft -f - <<EOF
 table inet $NFT_TABLE
@@ -123,7 +129,7 @@ EOF
   "plugins": [
     {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
-              "routes": [{"dst": "$POD_CIDR"}], "dataDir": "$STATE/cni-ipam"}},
+              "routes": [{"dst": "$POD_CIDR"}, {"dst": "$SERVICE_CIDR"}], "dataDir": "$STATE/cni-ipam"}},
     {"type": "loopback"}
   ]
 }
@@ -306,6 +312,28 @@ EOF
   wait_for "node $NODE Ready" kubelet 180 sh -c "[ \"\$('$BIN/kubectl' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}')\" = True ]"
 }
 
+proxy_up() {
+  # masqueradeAll: a pod's reply to a service client on the same bridge
+  # would otherwise skip the host and its conntrack. conntrack sysctls are
+  # left alone (maxPerCore 0 and no timeouts): these VMs may refuse them.
+  cat >"$STATE/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+clientConnection: {kubeconfig: $KUBECONFIG_ADMIN}
+hostnameOverride: $NODE
+bindAddress: $NODE_IP
+clusterCIDR: $POD_CIDR
+masqueradeAll: true
+nodePortAddresses: ["$NODE_IP/32"]
+healthzBindAddress: ""
+metricsBindAddress: ""
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+EOF
+  start kube-proxy "$BIN/kube-proxy" --config "$STATE/kube-proxy.yaml"
+  wait_for "kube-proxy's nftables table" kube-proxy 60 nft list table ip kube-proxy
+}
+
 objects_up() {
   kubectl apply -f - >/dev/null <<EOF
 apiVersion: node.k8s.io/v1
@@ -341,6 +369,7 @@ up() {
   images_up
   control_plane_up
   kubelet_up
+  proxy_up
   objects_up
   log "cluster up: KUBECONFIG=$KUBECONFIG_ADMIN"
 }
@@ -371,7 +400,7 @@ down() {
   if [[ -f "$KUBECONFIG_ADMIN" ]] && pid_alive kube-apiserver; then
     kubectl delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
   fi
-  for c in kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+  for c in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
   if pid_alive containerd; then
     # Pod sandboxes go with their shims.
     in_ns /usr/local/bin/ctr --address "$CTRD_SOCK" -n k8s.io tasks ls -q 2>/dev/null | while read -r t; do
@@ -384,6 +413,8 @@ down() {
   if [[ -f "$MNTNS" ]]; then umount "$MNTNS" 2>/dev/null || true; rm -f "$MNTNS"; fi
   if grep -q " $RUN " /proc/self/mountinfo; then umount -l "$RUN" || true; fi
   nft delete table inet "$NFT_TABLE" 2>/dev/null || true
+  nft delete table ip kube-proxy 2>/dev/null || true
+  nft delete table ip6 kube-proxy 2>/dev/null || true
   iptables_clean
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$RUN" "$STATE"
@@ -414,6 +445,8 @@ image() {
   [[ -x "${1:-}" ]] || die "usage: $0 image PATH_TO_AIRLOCK"
   healthy || die "the cluster is not up"
   AIRLOCK_CONTAINERD_ADDRESS="$CTRD_SOCK" AIRLOCK_CONTAINERD_NAMESPACE=k8s.io "$1" image build --log-level warn >&2
+  # airlock's own image, for the deploy/kubernetes Deployment.
+  AIRLOCK_CONTAINERD_ADDRESS="$CTRD_SOCK" AIRLOCK_CONTAINERD_NAMESPACE=k8s.io "$1" image server --binary "$1" --log-level warn >&2
 }
 
 case "${1:-}" in

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # install-k8s.sh: builds the Kubernetes test cluster's binaries from the Go
 # module proxy, idempotently: kube-apiserver, kube-controller-manager,
-# kube-scheduler, kubelet, kubectl and kubeadm from k8s.io/kubernetes, etcd
+# kube-scheduler, kubelet, kubectl, kubeadm and kube-proxy from
+# k8s.io/kubernetes, etcd
 # from go.etcd.io/etcd/server, the pause container from pause.c in the
 # kubernetes module, and the gVisor shim for pods. Nothing is pulled from a
 # registry.
@@ -46,10 +47,14 @@ mark() { echo "$2" >"$STAMPS/$1"; }
 
 # 1. Kubernetes.
 KUBE_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl kubeadm)
+# kube-proxy is a part of its own: added later, it must not rebuild the rest.
+PROXY_BINARIES=(kube-proxy)
 kube_dir=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-if done_part kube "$KUBE_VERSION" "${KUBE_BINARIES[@]}"; then
-  log "kubernetes $KUBE_VERSION present"
-else
+ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
+
+# kube_wrapper: the wrapper module in $work/kube, made once per run.
+kube_wrapper() {
+  [[ -f "$work/kube/go.sum" ]] && return
   # The kubernetes module's go.mod names the staging modules to replace.
   kube_mod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
   [[ -f "$kube_mod" && -d "$kube_dir" ]] || { log "could not download k8s.io/kubernetes@$KUBE_VERSION"; exit 1; }
@@ -62,18 +67,35 @@ else
   } >"$work/kube/go.mod"
   {
     printf '//go:build tools\n\npackage k8sbuild\n\nimport (\n'
-    for c in "${KUBE_BINARIES[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
+    for c in "${KUBE_BINARIES[@]}" "${PROXY_BINARIES[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c"; done
     printf ')\n'
   } >"$work/kube/tools.go"
   log "resolving k8s.io/kubernetes $KUBE_VERSION ($(wc -l <<<"$staging") staging modules replaced by $STAGING_VERSION)"
   (cd "$work/kube" && GOFLAGS=-mod=mod go mod tidy)
-  ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
-  for c in "${KUBE_BINARIES[@]}"; do
+}
+
+# kube_build NAME...: builds the named commands of k8s.io/kubernetes.
+kube_build() {
+  kube_wrapper
+  local c
+  for c in "$@"; do
     log "building $c $KUBE_VERSION"
     (cd "$work/kube" && CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -ldflags "$ldflags" -o "$BIN/$c.new" "k8s.io/kubernetes/cmd/$c")
     mv -f "$BIN/$c.new" "$BIN/$c"
   done
+}
+
+if done_part kube "$KUBE_VERSION" "${KUBE_BINARIES[@]}"; then
+  log "kubernetes $KUBE_VERSION present"
+else
+  kube_build "${KUBE_BINARIES[@]}"
   mark kube "$KUBE_VERSION"
+fi
+if done_part kube-proxy "$KUBE_VERSION" "${PROXY_BINARIES[@]}"; then
+  log "kube-proxy $KUBE_VERSION present"
+else
+  kube_build "${PROXY_BINARIES[@]}"
+  mark kube-proxy "$KUBE_VERSION"
 fi
 
 # 2. etcd: its own wrapper (its server module's replace directives stop go install).

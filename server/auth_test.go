@@ -144,37 +144,76 @@ func TestOriginCheck(t *testing.T) {
 	}
 }
 
-func TestSessionOwnership(t *testing.T) {
-	o := newOwners()
-	// The handler behind plays mcp-go: initialize hands out a session id.
-	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Mcp-Session-Id") == "" {
+// fakeMCP plays mcp-go behind bindStreamable: initialize hands out
+// session id "s-1"; a later request reaches it with the id mcp-go gave.
+func fakeMCP(seen *string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		*seen = r.Header.Get("Mcp-Session-Id")
+		if *seen == "" {
 			w.Header().Set("Mcp-Session-Id", "s-1")
 		}
 		w.WriteHeader(200)
 	})
-	h := o.bindStreamable(inner)
-	as := func(who, session string) int {
-		r := httptest.NewRequest("POST", "/mcp", nil)
-		r = r.WithContext(withPrincipal(r.Context(), Principal{ID: who}))
-		if session != "" {
-			r.Header.Set("Mcp-Session-Id", session)
+}
+
+// post sends a request as who, naming session when not empty; it returns
+// the status and the session id the response handed out.
+func post(h http.Handler, who, session string) (int, string) {
+	r := httptest.NewRequest("POST", "/mcp", nil)
+	r = r.WithContext(withPrincipal(r.Context(), Principal{ID: who}))
+	if session != "" {
+		r.Header.Set("Mcp-Session-Id", session)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w.Code, w.Header().Get("Mcp-Session-Id")
+}
+
+func TestSessionOwnership(t *testing.T) {
+	o := newOwners(nil)
+	var seen string
+	h := o.bindStreamable(fakeMCP(&seen))
+	code, id := post(h, "alice", "")
+	if code != 200 || id == "" || id == "s-1" {
+		t.Fatalf("initialize: %d, session id %q; want a signed id", code, id)
+	}
+	if code, _ := post(h, "alice", id); code != 200 || seen != "s-1" {
+		t.Errorf("the owner's own session: %d, mcp-go saw %q; want 200 and s-1", code, seen)
+	}
+	for _, c := range []struct{ who, id, why string }{
+		{"bob", id, "another client used alice's session"},
+		{"alice", "s-1", "the unsigned id was accepted"},
+		{"alice", "s-unknown.0123", "an unknown session was accepted"},
+		{"alice", id + "0", "a changed signature was accepted"},
+	} {
+		if code, _ := post(h, c.who, c.id); code != 404 {
+			t.Errorf("%s: status %d", c.why, code)
 		}
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w.Code
 	}
-	if as("alice", "") != 200 {
-		t.Fatal("initialize refused")
+	// Another process without the shared key knows nothing of the session.
+	if code, _ := post(newOwners(nil).bindStreamable(fakeMCP(&seen)), "alice", id); code != 404 {
+		t.Errorf("a session of another process without a shared key: status %d, want 404", code)
 	}
-	if as("alice", "s-1") != 200 {
-		t.Error("the owner was refused her session")
+}
+
+// With one key shared by replicas, a session opened on one is served by
+// another, for its owner and no one else; a replica with another key
+// refuses it.
+func TestSessionSharedAcrossReplicas(t *testing.T) {
+	key := []byte("0123456789abcdef0123456789abcdef")
+	var seenA, seenB string
+	a := newOwners(key).bindStreamable(fakeMCP(&seenA))
+	b := newOwners(key).bindStreamable(fakeMCP(&seenB))
+	_, id := post(a, "alice", "")
+	if code, _ := post(b, "alice", id); code != 200 || seenB != "s-1" {
+		t.Errorf("alice's session on the other replica: %d, mcp-go saw %q; want 200 and s-1", code, seenB)
 	}
-	if as("bob", "s-1") != 404 {
-		t.Error("another client used alice's session")
+	if code, _ := post(b, "bob", id); code != 404 {
+		t.Errorf("bob with alice's session on the other replica: %d, want 404", code)
 	}
-	if as("alice", "s-unknown") != 404 {
-		t.Error("an unknown session was accepted")
+	other := newOwners([]byte("fedcba9876543210fedcba9876543210")).bindStreamable(fakeMCP(&seenB))
+	if code, _ := post(other, "alice", id); code != 404 {
+		t.Errorf("a replica with another key: %d, want 404", code)
 	}
 }
 

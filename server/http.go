@@ -61,7 +61,11 @@ type HTTPOptions struct {
 	// MaxBody bounds a posted message; zero: 8 MiB. A write_file of the
 	// largest allowed file, base64-encoded, must fit.
 	MaxBody int64
-	Log     *slog.Logger
+	// SessionKey, shared by replicas behind one Service, lets any of them
+	// serve a streamable HTTP session another opened (for its owner only);
+	// nil: sessions stay where they began.
+	SessionKey []byte
+	Log        *slog.Logger
 }
 
 // HTTPServer is airlock's network face: the MCP transports, health
@@ -97,7 +101,10 @@ func NewHTTP(s *server.MCPServer, o HTTPOptions) (*HTTPServer, error) {
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		return nil, errors.New("tls.cert and tls.key must be set together")
 	}
-	return &HTTPServer{o: o, mcp: s, owners: newOwners()}, nil
+	if k := len(o.SessionKey); k > 0 && k < 32 {
+		return nil, fmt.Errorf("server.session_key_file: the key is %d bytes; use at least 32 (openssl rand -hex 32)", k)
+	}
+	return &HTTPServer{o: o, mcp: s, owners: newOwners(o.SessionKey)}, nil
 }
 
 // CheckExposure refuses to serve code execution to a network without

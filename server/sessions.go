@@ -1,9 +1,12 @@
 package server
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -16,9 +19,18 @@ const sessionIdle = 30 * time.Minute
 // client can never post into, read from, or cancel inside another's session,
 // even knowing its id. An SSE session also gets a done channel, closed when
 // its stream ends, which cancels the session's calls still running.
+//
+// A streamable HTTP session id handed to a client carries an HMAC of the
+// principal and mcp-go's id. With a key shared by several airlock replicas
+// (server.session_key_file), any replica accepts a session another opened,
+// from that session's owner only: the binding travels in the id, no store
+// is shared. Without one the key is random per process and a session is
+// known only where it began.
 type owners struct {
-	mu sync.Mutex
-	m  map[string]*owner
+	mu     sync.Mutex
+	m      map[string]*owner
+	key    []byte
+	shared bool
 }
 
 type owner struct {
@@ -27,7 +39,40 @@ type owner struct {
 	done      chan struct{}
 }
 
-func newOwners() *owners { return &owners{m: map[string]*owner{}} }
+// newOwners returns an empty table; key is the replicas' shared session
+// key, or nil for one of this process's own.
+func newOwners(key []byte) *owners {
+	o := &owners{m: map[string]*owner{}, key: key, shared: len(key) > 0}
+	if !o.shared {
+		o.key = make([]byte, 32)
+		_, _ = rand.Read(o.key)
+	}
+	return o
+}
+
+// sign returns the id a client is given for mcp-go's session id.
+func (o *owners) sign(principal, id string) string {
+	return id + "." + o.mac(principal, id)
+}
+
+func (o *owners) mac(principal, id string) string {
+	h := hmac.New(sha256.New, o.key)
+	h.Write([]byte(principal))
+	h.Write([]byte{0})
+	h.Write([]byte(id))
+	return hex.EncodeToString(h.Sum(nil)[:16])
+}
+
+// verify returns mcp-go's session id inside a signed one, if principal
+// owns it.
+func (o *owners) verify(principal, signed string) (string, bool) {
+	i := strings.LastIndexByte(signed, '.')
+	if i < 0 {
+		return "", false
+	}
+	id, mac := signed[:i], signed[i+1:]
+	return id, hmac.Equal([]byte(mac), []byte(o.mac(principal, id)))
+}
 
 func (o *owners) add(id, principal string, done chan struct{}) {
 	o.mu.Lock()
@@ -68,25 +113,38 @@ func principalID(r *http.Request) string {
 
 // bindStreamable guards the streamable HTTP endpoint: a request naming a
 // session must come from the session's owner, and a response that starts a
-// session records its owner.
+// session hands out its signed id and records its owner.
 func (o *owners) bindStreamable(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		me := principalID(r)
-		if id := r.Header.Get("Mcp-Session-Id"); id != "" {
-			if _, ok := o.check(id, me); !ok {
+		if signed := r.Header.Get("Mcp-Session-Id"); signed != "" {
+			id, ok := o.verify(me, signed)
+			if ok {
+				if _, known := o.check(signed, me); !known {
+					// Another replica's session (shared key), or one this
+					// process forgot (idle, or ended by DELETE).
+					ok = o.shared
+					if ok {
+						o.add(signed, me, nil)
+					}
+				}
+			}
+			if !ok {
 				// The same answer as for a session that never existed.
 				http.Error(w, "Invalid session ID", http.StatusNotFound)
 				return
 			}
 			if r.Method == http.MethodDelete {
-				defer o.remove(id)
+				defer o.remove(signed)
 			}
+			r = r.Clone(r.Context())
+			r.Header.Set("Mcp-Session-Id", id)
 		}
 		next.ServeHTTP(&sessionRecorder{ResponseWriter: w, owners: o, principal: me}, r)
 	})
 }
 
-// sessionRecorder notes the session id a response hands out.
+// sessionRecorder signs the session id a response hands out.
 type sessionRecorder struct {
 	http.ResponseWriter
 	owners    *owners
@@ -100,8 +158,10 @@ func (s *sessionRecorder) note() {
 	}
 	s.wrote = true
 	if id := s.Header().Get("Mcp-Session-Id"); id != "" {
-		if _, ok := s.owners.check(id, s.principal); !ok {
-			s.owners.add(id, s.principal, nil)
+		signed := s.owners.sign(s.principal, id)
+		s.Header().Set("Mcp-Session-Id", signed)
+		if _, ok := s.owners.check(signed, s.principal); !ok {
+			s.owners.add(signed, s.principal, nil)
 		}
 	}
 }

@@ -74,7 +74,7 @@ func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.C
 	_, err = cs.CoreV1().Namespaces().Get(cctx, k.Namespace, metav1.GetOptions{})
 	out = append(out, checks.Check{Name: "namespace", OK: err == nil, Detail: detail(k.Namespace, err),
 		Fix: "kubectl create namespace " + k.Namespace + " (kubernetes.namespace)"})
-	out = append(out, permissionChecks(cctx, cs, k.Namespace)...)
+	out = append(out, permissionChecks(cctx, cs, k.Namespace, k.RuntimeClass)...)
 	rc, err := cs.NodeV1().RuntimeClasses().Get(cctx, k.RuntimeClass, metav1.GetOptions{})
 	d := detail(k.RuntimeClass, err)
 	if err == nil {
@@ -91,8 +91,10 @@ func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.C
 }
 
 // permissionChecks asks the API server, for each permission, whether
-// airlock's identity has it.
-func permissionChecks(ctx context.Context, cs kubernetes.Interface, namespace string) []checks.Check {
+// airlock's identity has it. Cluster-scoped reads are asked by name (the
+// namespace, the RuntimeClass), so a ClusterRole limited to those names
+// passes.
+func permissionChecks(ctx context.Context, cs kubernetes.Interface, namespace, runtimeClass string) []checks.Check {
 	var missing []string
 	var errs []string
 	for _, p := range Permissions {
@@ -101,6 +103,8 @@ func permissionChecks(ctx context.Context, cs kubernetes.Interface, namespace st
 			ra.Namespace = namespace
 		} else if p.Resource == "namespaces" {
 			ra.Name = namespace
+		} else if p.Resource == "runtimeclasses" {
+			ra.Name = runtimeClass
 		}
 		r, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: ra},

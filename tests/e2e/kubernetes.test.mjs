@@ -4,29 +4,19 @@
 // The same core cases as the local backend's suite, each run in a gVisor
 // pod of its own, and nothing of airlock's left on the cluster afterwards.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { promisify } from 'node:util';
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
 
-import { AIRLOCK_BIN, marker, waitFor } from './lib.mjs';
+import { AIRLOCK_BIN, clusterUp, kubectl, marker, waitFor } from './lib.mjs';
 
-const execFileP = promisify(execFile);
-const KUBECONFIG = process.env.AIRLOCK_KUBECONFIG || '/var/lib/airlock-k8s/admin.conf';
-const KUBECTL = process.env.AIRLOCK_KUBECTL || '/usr/local/lib/airlock/k8s/bin/kubectl';
 const STDOUT_CAP = 4096;
-
-async function kubectl(...args) {
-  const { stdout } = await execFileP(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { timeout: 60_000, maxBuffer: 16 << 20 });
-  return stdout;
-}
 
 /** Names of the objects of a kind in ns that airlock labelled as its own. */
 async function airlockObjects(ns, kind, selector = '') {
@@ -34,15 +24,6 @@ async function airlockObjects(ns, kind, selector = '') {
   return out.split('\n').filter(Boolean);
 }
 
-async function clusterUp() {
-  try {
-    await kubectl('get', 'runtimeclass', 'gvisor');
-    return true;
-  } catch (err) {
-    if (process.env.CI === 'true') throw new Error(`no test cluster under CI=true (scripts/cluster.sh up): ${err.message}`);
-    return false;
-  }
-}
 
 const up = await clusterUp();
 

@@ -744,3 +744,23 @@ export class RawStdio {
     if (this.dir) await rm(this.dir, { recursive: true, force: true });
   }
 }
+
+const KUBECONFIG = process.env.AIRLOCK_KUBECONFIG || '/var/lib/airlock-k8s/admin.conf';
+const KUBECTL = process.env.AIRLOCK_KUBECTL || '/usr/local/lib/airlock/k8s/bin/kubectl';
+
+/** kubectl against the test cluster (scripts/cluster.sh); resolves to its stdout. */
+export async function kubectl(...args) {
+  const { stdout } = await promisify(execFile)(KUBECTL, ['--kubeconfig', KUBECONFIG, ...args], { timeout: 240_000, maxBuffer: 16 << 20 });
+  return stdout;
+}
+
+/** Whether the test cluster is up; under CI=true its absence is a failure. */
+export async function clusterUp() {
+  try {
+    await kubectl('get', 'runtimeclass', 'gvisor');
+    return true;
+  } catch (err) {
+    if (process.env.CI === 'true') throw new Error(`no test cluster under CI=true (scripts/cluster.sh up): ${err.message}`);
+    return false;
+  }
+}
