@@ -14,7 +14,7 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
 
-import { AIRLOCK_BIN, clusterUp, kubectl, marker, waitFor } from './lib.mjs';
+import { AIRLOCK_BIN, KUBECONFIG, clusterUp, kubectl, marker, waitFor } from './lib.mjs';
 
 const STDOUT_CAP = 4096;
 

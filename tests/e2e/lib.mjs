@@ -745,7 +745,8 @@ export class RawStdio {
   }
 }
 
-const KUBECONFIG = process.env.AIRLOCK_KUBECONFIG || '/var/lib/airlock-k8s/admin.conf';
+/** The test cluster's admin kubeconfig (scripts/cluster.sh writes it). */
+export const KUBECONFIG = process.env.AIRLOCK_KUBECONFIG || '/var/lib/airlock-k8s/admin.conf';
 const KUBECTL = process.env.AIRLOCK_KUBECTL || '/usr/local/lib/airlock/k8s/bin/kubectl';
 
 /** kubectl against the test cluster (scripts/cluster.sh); resolves to its stdout. */
