@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -95,6 +96,8 @@ type Audit struct {
 	maxBytes int64
 	f        *os.File
 	size     int64
+	// mirror also gets every line (stdout, for a cluster's log pipeline).
+	mirror io.Writer
 	// broken is set when a write failed: the next Check reopens the file.
 	broken bool
 	closed bool
@@ -118,7 +121,14 @@ func NewAudit(path string, maxBytes int64) *Audit {
 	return &Audit{path: path, maxBytes: maxBytes}
 }
 
-// Path is where the log is written.
+// NewAuditMirrored is NewAudit that also writes every record to mirror
+// (airlock's stdout on a cluster, whose log pipeline collects it). With
+// path empty, mirror is the only copy.
+func NewAuditMirrored(path string, maxBytes int64, mirror io.Writer) *Audit {
+	return &Audit{path: path, maxBytes: maxBytes, mirror: mirror}
+}
+
+// Path is where the log is written; empty when only mirrored.
 func (a *Audit) Path() string { return a.path }
 
 // Check reports whether a record can be written now, opening the file if
@@ -129,6 +139,9 @@ func (a *Audit) Check() error {
 	defer a.mu.Unlock()
 	if a.closed {
 		return fmt.Errorf("audit log %s: %w", a.path, os.ErrClosed)
+	}
+	if a.path == "" {
+		return nil
 	}
 	if a.f == nil || a.broken {
 		if a.f != nil {
@@ -146,11 +159,12 @@ func (a *Audit) Check() error {
 	return nil
 }
 
-// Write appends rec as one JSON line and fsyncs it before returning. The
-// line goes out in a single write under the lock so concurrent records never
-// interleave, and a failed write is cut back off, so a record is whole or
-// absent. A caller that gets an error must not run the code: an unaudited
-// run is what the log exists to prevent.
+// Write appends rec as one JSON line to the file, fsynced, and to the
+// mirror, before returning. The line goes out in a single write under the
+// lock so concurrent records never interleave, and a failed file write is
+// cut back off, so a record is whole or absent. A caller that gets an
+// error must not run the code: an unaudited run is what the log exists to
+// prevent.
 func (a *Audit) Write(rec Record) error {
 	line, err := json.Marshal(rec)
 	if err != nil {
@@ -163,14 +177,29 @@ func (a *Audit) Write(rec Record) error {
 	if a.closed {
 		return fmt.Errorf("audit record %s: %w", rec.ID, os.ErrClosed)
 	}
+	if a.path != "" {
+		if err := a.appendLocked(rec.ID, line); err != nil {
+			return err
+		}
+	}
+	if a.mirror != nil {
+		if _, err := a.mirror.Write(line); err != nil {
+			return fmt.Errorf("audit record %s: writing to the mirror: %w", rec.ID, err)
+		}
+	}
+	return nil
+}
+
+// appendLocked appends line to the file, rotating first when it is full.
+func (a *Audit) appendLocked(id string, line []byte) error {
 	if a.f == nil {
 		if err := a.openLocked(); err != nil {
-			return fmt.Errorf("audit record %s: %w", rec.ID, err)
+			return fmt.Errorf("audit record %s: %w", id, err)
 		}
 	}
 	if a.maxBytes > 0 && a.size > 0 && a.size+int64(len(line)) > a.maxBytes {
 		if err := a.rotateLocked(); err != nil {
-			return fmt.Errorf("audit record %s: %w", rec.ID, err)
+			return fmt.Errorf("audit record %s: %w", id, err)
 		}
 	}
 	n, err := a.f.Write(line)
@@ -183,7 +212,7 @@ func (a *Audit) Write(rec Record) error {
 			_ = a.f.Truncate(a.size)
 		}
 		a.broken = true
-		return fmt.Errorf("audit record %s: writing %s: %w", rec.ID, a.path, err)
+		return fmt.Errorf("audit record %s: writing %s: %w", id, a.path, err)
 	}
 	a.size += int64(n)
 	return nil

@@ -195,3 +195,50 @@ func TestAuditConcurrentWholeLines(t *testing.T) {
 		t.Errorf("found %d whole records, want %d", len(seen), writers*each)
 	}
 }
+
+// failingWriter fails every write, as a closed stdout does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("broken pipe") }
+
+// A mirrored log writes each record to the mirror, and to the file only
+// when it has a path; a mirror that fails fails the write, so no call runs
+// unrecorded.
+func TestAuditMirrored(t *testing.T) {
+	for _, withFile := range []bool{true, false} {
+		t.Run(fmt.Sprintf("file %v", withFile), func(t *testing.T) {
+			path := ""
+			if withFile {
+				path = filepath.Join(t.TempDir(), "audit.jsonl")
+			}
+			var mirror strings.Builder
+			a := NewAuditMirrored(path, 0, &mirror)
+			if err := a.Check(); err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"r1", "r2"} {
+				if err := a.Write(sampleRecord(id)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lines := strings.Split(strings.TrimSuffix(mirror.String(), "\n"), "\n")
+			if len(lines) != 2 {
+				t.Fatalf("mirror got %d lines: %q", len(lines), mirror.String())
+			}
+			for i, l := range lines {
+				var r Record
+				if err := json.Unmarshal([]byte(l), &r); err != nil || r.ID != fmt.Sprintf("r%d", i+1) {
+					t.Errorf("mirror line %d %q: %v", i, l, err)
+				}
+			}
+			if withFile {
+				if got := readLines(t, path); len(got) != 2 {
+					t.Errorf("file has %d records, want 2", len(got))
+				}
+			}
+			if err := NewAuditMirrored(path, 0, failingWriter{}).Write(sampleRecord("r3")); err == nil {
+				t.Error("a failing mirror did not fail the write")
+			}
+		})
+	}
+}

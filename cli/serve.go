@@ -25,6 +25,9 @@ func (a *app) serveCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			transports := strings.Split(transport, ",")
 			if transport == "stdio" {
+				if a.cfg.Audit.Stdout && connect == "" {
+					return fmt.Errorf("audit.stdout: with --transport stdio, stdout carries the MCP messages; set audit.path instead, or serve http")
+				}
 				if connect != "" {
 					return a.relay(cmd.Context(), connect)
 				}

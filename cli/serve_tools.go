@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/metrics"
@@ -29,11 +30,15 @@ func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func()
 		}
 	}
 	if cfg.Audit.Enabled {
-		h.Audit = approval.NewAudit(cfg.AuditPath(), int64(cfg.Audit.MaxMB)<<20)
+		if cfg.Audit.Stdout {
+			h.Audit = approval.NewAuditMirrored(cfg.AuditFile(), int64(cfg.Audit.MaxMB)<<20, os.Stdout)
+		} else {
+			h.Audit = approval.NewAudit(cfg.AuditFile(), int64(cfg.Audit.MaxMB)<<20)
+		}
 		if err := h.Audit.Check(); err != nil {
 			// Serve anyway: every call then says why it cannot run, which a
 			// desktop user sees; a server that exits shows them nothing.
-			a.log.Error("audit log not writable: no code will run until it is", "path", cfg.AuditPath(), "err", err)
+			a.log.Error("audit log not writable: no code will run until it is", "path", cfg.AuditFile(), "err", err)
 		}
 		closers = append(closers, func() { _ = h.Audit.Close() })
 	}

@@ -182,6 +182,9 @@ type AuditConfig struct {
 	IncludeCode bool   `mapstructure:"include_code"`
 	// MaxMB is the size at which the log rotates (three old files are kept).
 	MaxMB int `mapstructure:"max_mb"`
+	// Stdout also writes every record to stdout, one JSON line each, for a
+	// cluster's log pipeline; then only an explicit Path adds a file.
+	Stdout bool `mapstructure:"stdout"`
 }
 
 // Network modes a call may ask for.
@@ -447,6 +450,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("audit.path", d.Audit.Path)
 	v.SetDefault("audit.include_code", d.Audit.IncludeCode)
 	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
+	v.SetDefault("audit.stdout", d.Audit.Stdout)
 	v.SetDefault("pool.size", d.Pool.Size)
 	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
 	v.SetDefault("pool.preload", d.Pool.Preload)
@@ -643,7 +647,17 @@ func isSHA256Hex(s string) bool {
 // QueueWait is how long a call may wait for a sandbox slot.
 func (l Limits) QueueWait() time.Duration { return time.Duration(l.QueueWaitS) * time.Second }
 
-// AuditPath is where the audit log is written.
+// AuditFile is the audit log file a server writes: AuditPath, except that
+// with audit.stdout and no audit.path there is none ("").
+func (c Config) AuditFile() string {
+	if c.Audit.Stdout && c.Audit.Path == "" {
+		return ""
+	}
+	return c.AuditPath()
+}
+
+// AuditPath is where the audit log file is (state_dir/audit.jsonl unless
+// audit.path says otherwise).
 func (c Config) AuditPath() string {
 	if c.Audit.Path != "" {
 		return c.Audit.Path

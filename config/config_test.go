@@ -147,3 +147,28 @@ func TestHostedExampleLoads(t *testing.T) {
 		t.Errorf("hosted example = %+v", c)
 	}
 }
+
+// audit.stdout without audit.path means no file: a replica's emptyDir is
+// no place for the only copy of its records.
+func TestAuditFile(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		stdout bool
+		path   string
+		want   string
+	}{
+		{"file only, default path", false, "", "/state/audit.jsonl"},
+		{"file only, set path", false, "/logs/a.jsonl", "/logs/a.jsonl"},
+		{"stdout only", true, "", ""},
+		{"stdout and a file", true, "/logs/a.jsonl", "/logs/a.jsonl"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.StateDir = "/state"
+			c.Audit.Stdout, c.Audit.Path = tc.stdout, tc.path
+			if got := c.AuditFile(); got != tc.want {
+				t.Errorf("AuditFile() = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -182,6 +182,15 @@ type SessionAdopter interface {
 	AdoptSession(ctx context.Context, id, owner string) (Session, SessionRecord, error)
 }
 
+// SessionReleaser is a Session that can outlive this process. Release,
+// at shutdown, ends this process's hold on it: the sandbox is kept, with
+// its state, for another process to adopt at the client's next call when
+// one can, and destroyed (as Close) when none can.
+type SessionReleaser interface {
+	Session
+	Release()
+}
+
 // ErrNoSession is returned by AdoptSession for a session that does not
 // exist, has ended, or belongs to another client.
 var ErrNoSession = errors.New("no such session")

@@ -163,7 +163,8 @@ func (h *Handlers) reap() {
 }
 
 // closeSessions ends every session (shutdown), destroying their
-// sandboxes when destroy is set.
+// sandboxes when destroy is set, except those the backend hands to
+// another airlock.
 func (h *Handlers) closeSessions(destroy bool) {
 	h.sessions.once.Do(func() {
 		if h.sessions.stop != nil {
@@ -181,7 +182,14 @@ func (h *Handlers) closeSessions(destroy bool) {
 		e := h.sessions.m[id]
 		delete(h.sessions.m, id)
 		h.sessions.mu.Unlock()
-		if e != nil && destroy {
+		if e == nil || !destroy {
+			continue
+		}
+		// A session another airlock can serve is handed on, not ended: a
+		// rolling update keeps it.
+		if r, ok := e.s.(runtime.SessionReleaser); ok {
+			r.Release()
+		} else {
 			e.s.Close()
 		}
 	}

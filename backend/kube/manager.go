@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -73,6 +74,9 @@ type Manager struct {
 	lease     *instanceLease
 	pool      *pool // nil when PoolSize is 0
 	teardowns runtime.Teardowns
+	// leaving marks this instance's Lease once it shuts down (handoff.go).
+	leaving    sync.Once
+	leavingErr error
 }
 
 // New checks the options and registers this instance (its Lease, which
@@ -182,12 +186,17 @@ func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits) 
 	return p, nil
 }
 
-// Close deletes every pod this instance still has, then its Lease. It
-// does not wait for the kubelet to finish with them: a stdio server must
-// leave within a desktop client's two seconds.
+// Close deletes every pod this instance still has, then its Lease; when
+// no other airlock stays on the namespace, it also ends the sessions no
+// one holds (handoff.go). It does not wait for the kubelet to finish with
+// them: a stdio server must leave within a desktop client's two seconds.
 func (m *Manager) Close(ctx context.Context) error {
 	if m.pool != nil {
 		m.pool.stop()
 	}
-	return m.lease.stop(ctx)
+	err := m.endUnheld(ctx)
+	if err != nil {
+		err = fmt.Errorf("end the sessions no airlock is left to serve: %w", err)
+	}
+	return errors.Join(err, m.lease.stop(ctx))
 }

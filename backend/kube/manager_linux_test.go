@@ -68,6 +68,18 @@ func newTestManagerWith(t *testing.T, cs *kubernetes.Clientset, cfg *rest.Config
 	return m
 }
 
+// openTestSession opens a session for client alice on m (idle 5 min,
+// lifetime 10 min).
+func openTestSession(t *testing.T, m *Manager) (string, runtime.Session) {
+	t.Helper()
+	id := "s" + runtime.NewRunID()
+	s, err := m.OpenSession(context.Background(), runtime.SessionOptions{ID: id, Limits: testLimits(), Owner: "alice", Idle: 5 * time.Minute, Lifetime: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, s
+}
+
 // instancePods lists the pods a manager's instance has on the cluster.
 func instancePods(t *testing.T, cs *kubernetes.Clientset, ns string, m *Manager) int {
 	t.Helper()
@@ -305,11 +317,7 @@ func TestSessionTakeover(t *testing.T) {
 	b := newTestManager(t, cs, cfg, ns, 2, 0)
 	ctx := context.Background()
 	lim := testLimits()
-	id := "s" + runtime.NewRunID()
-	sa, err := a.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: lim, Owner: "alice", Idle: 5 * time.Minute, Lifetime: 10 * time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, sa := openTestSession(t, a)
 	py := func(s runtime.Session, code string) (runtime.Result, error) {
 		return s.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: lim})
 	}
@@ -348,6 +356,93 @@ func TestSessionTakeover(t *testing.T) {
 	}
 	sb.Close()
 	b.WaitTeardowns()
+}
+
+// At shutdown a session goes to an airlock that stays, with its state,
+// and outlives its first holder's Close (a rolling update); an airlock
+// that leaves last ends the sessions nobody holds; and one that is alone
+// ends its own.
+func TestSessionHandoff(t *testing.T) {
+	cs, cfg := needCluster(t)
+	ns := testNamespace(t, cs)
+	a := newTestManager(t, cs, cfg, ns, 2, 0)
+	b := newTestManager(t, cs, cfg, ns, 2, 0)
+	ctx := context.Background()
+	lim := testLimits()
+	open := func(m *Manager) (string, runtime.SessionReleaser) {
+		t.Helper()
+		id, s := openTestSession(t, m)
+		return id, s.(runtime.SessionReleaser)
+	}
+	py := func(s runtime.Session, code string) string {
+		t.Helper()
+		r, err := s.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: lim})
+		if err != nil || r.ExitCode != 0 {
+			t.Fatalf("%q: %+v %v", code, r, err)
+		}
+		return r.Stdout
+	}
+	// The session's pod, nil when gone or going.
+	sessionPod := func(id string) *corev1.Pod {
+		t.Helper()
+		list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelSession + "=" + id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range list.Items {
+			if list.Items[i].DeletionTimestamp == nil {
+				return &list.Items[i]
+			}
+		}
+		return nil
+	}
+
+	id1, sa := open(a)
+	py(sa, "x = 41")
+	sa.Release()
+	a.WaitTeardowns()
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	po := sessionPod(id1)
+	if po == nil {
+		t.Fatal("the session handed on was deleted with its first airlock")
+	}
+	if h, held := po.Labels[LabelInstance]; held {
+		t.Errorf("the session handed on is still held by %s", h)
+	}
+	sb, _, err := b.AdoptSession(ctx, id1, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := py(sb, "print(x + 1)"); got != "42\n" {
+		t.Fatalf("after the handoff: %q, want the state kept", got)
+	}
+
+	// b hands it to c, which is staying; then c leaves too, and b, the
+	// last to leave, ends it.
+	c := newTestManager(t, cs, cfg, ns, 2, 0)
+	sb.(runtime.SessionReleaser).Release()
+	if sessionPod(id1) == nil {
+		t.Fatal("the session handed to c was deleted")
+	}
+	if err := c.markLeaving(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if sessionPod(id1) != nil {
+		t.Error("the last airlock to leave did not end the session nobody holds")
+	}
+
+	// c, alone now, ends its own session rather than handing it on.
+	id3, sc := open(c)
+	sc.Release()
+	c.WaitTeardowns()
+	if sessionPod(id3) != nil {
+		t.Error("an airlock with nobody to hand on to kept its session")
+	}
 }
 
 // A namespace ResourceQuota without room, and a pod no node can take, are

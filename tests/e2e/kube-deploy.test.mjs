@@ -7,7 +7,7 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
@@ -70,7 +70,48 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     assert.equal(r.status, 200);
     return parseMetrics(await r.text());
   };
+  /** The replicas' pods: name, uid, IP. */
+  const replicas = async () => JSON.parse(await kubectl('-n', NS, 'get', 'pods', '-l', 'app.kubernetes.io/name=airlock', '-o', 'json')).items
+    .filter((p) => !p.metadata.deletionTimestamp).map((p) => ({ name: p.metadata.name, uid: p.metadata.uid, ip: p.status.podIP }));
+  /** The audit records a replica's container wrote to stdout (the cluster's log). */
+  const auditLog = async (pod, previous = false) => (await kubectl('-n', NS, 'logs', pod, ...(previous ? ['--previous'] : [])))
+    .split('\n').flatMap((l) => {
+      try {
+        const r = JSON.parse(l);
+        return r.tool && r.decision ? [r] : [];
+      } catch {
+        return [];
+      }
+    });
+  /** The instance id a replica's container announced when it started. */
+  const instanceOf = async (pod) => {
+    for (const l of (await kubectl('-n', NS, 'logs', pod)).split('\n')) {
+      try {
+        const r = JSON.parse(l);
+        if (r.msg === 'serving' && r.instance) return r.instance;
+      } catch {
+        // not JSON
+      }
+    }
+    return '';
+  };
   const runs = (m) => [...m].filter(([k]) => k.startsWith('airlock_executions_total{') && k.includes('tool="run_python"')).reduce((n, [, v]) => n + v, 0);
+
+  /**
+   * Waits until kube-proxy sends the Service to exactly these replicas: it
+   * programs a change a moment after the endpoints are ready.
+   */
+  const routedOnlyTo = async (ips) => {
+    let rules = '';
+    // One endpoint is "dnat to IP:PORT", several a map of "IP . PORT".
+    const routes = (ip) => rules.includes(`dnat to ${ip}:${PORT}`) || rules.includes(`${ip} . ${PORT}`);
+    const routed = await waitFor(async () => {
+      rules = (await execFileP('nft', ['list', 'table', 'ip', 'kube-proxy'])).stdout;
+      const all = [...rules.matchAll(new RegExp(`(?:dnat to |\\b)(\\d+\\.\\d+\\.\\d+\\.\\d+)(?::| \\. )${PORT}\\b`, 'g'))].map((m) => m[1]);
+      return ips.every(routes) && all.every((ip) => ips.includes(ip));
+    }, 120_000);
+    assert.ok(routed, `kube-proxy does not route the Service to exactly the replicas ${ips}`);
+  };
 
   before(async () => {
     await removeDeployment();
@@ -93,14 +134,7 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
       return podIPs.length === 2 && pods.length === 2;
     }, 60_000);
     assert.ok(ready, `want 2 ready replicas, have ${podIPs}`);
-    // kube-proxy programs the Service a moment after its endpoints are
-    // ready: wait until it sends to both replicas.
-    const routed = await waitFor(async () => {
-      const { stdout } = await execFileP('nft', ['list', 'table', 'ip', 'kube-proxy']);
-      // One endpoint is "dnat to IP:PORT", several a map of "IP . PORT".
-      return podIPs.every((ip) => stdout.includes(`dnat to ${ip}:${PORT}`) || stdout.includes(`${ip} . ${PORT}`));
-    }, 60_000);
-    assert.ok(routed, `kube-proxy does not route the Service to both replicas ${podIPs}`);
+    await routedOnlyTo(podIPs);
   });
 
   after(async () => {
@@ -122,6 +156,10 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     const served = after.map((m, i) => runs(m) - runs(before[i]));
     assert.equal(served[0] + served[1], 40, `runs per replica ${served}`);
     assert.ok(served[0] > 0 && served[1] > 0, `each replica must have served some of the 40 runs; they served ${served}`);
+    // Every call's audit record is on one replica's stdout.
+    const logged = new Set((await Promise.all((await replicas()).map((p) => auditLog(p.name)))).flat().map((r) => r.id));
+    const missing = results.map((r) => r.sc.run_id).filter((id) => !logged.has(id));
+    assert.deepEqual(missing, [], 'runs without an audit record on stdout');
   });
 
   test('a session opened through one replica is used through the other', async () => {
@@ -146,7 +184,79 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     }
   });
 
-  test('scaled to zero, the replicas leave no sandbox pod behind', async () => {
+  test('a replica SIGKILLed mid-run: the other serves, its pods go, its acknowledged records are in its log', async () => {
+    const [victim, survivor] = await replicas();
+    const instance = await instanceOf(victim.name);
+    assert.ok(instance, `no instance id in ${victim.name}'s log`);
+    const [v, sv] = await Promise.all([client(victim.ip, 'deploy-victim'), client(survivor.ip, 'deploy-survivor')]);
+    const acked = await callWith(v, 'run_python', { code: 'print("acknowledged")' }, { timeout: 300_000 });
+    assert.equal(acked.isError, false, acked.text);
+    const long = callWith(v, 'run_python', { code: 'import time\nprint("started", flush=True)\ntime.sleep(120)' }, { timeout: 300_000 })
+      .then(() => 'returned', (err) => `failed: ${err.message}`);
+    const running = await waitFor(async () => (await kubectl('-n', SANDBOX_NS, 'get', 'pods', '-l', `airlock.dev/instance=${instance},airlock.dev/run`, '-o', 'name')).trim() !== '', 120_000);
+    assert.ok(running, 'the long run never got a pod');
+    // The victim's process on this node, found by its pod's cgroup.
+    const { stdout: pids } = await execFileP('pgrep', ['-f', 'airlock serve']);
+    let pid = 0;
+    for (const p of pids.split('\n').filter(Boolean)) {
+      const cg = await readFile(`/proc/${p}/cgroup`, 'utf8').catch(() => '');
+      if (cg.includes(victim.uid) || cg.includes(victim.uid.replaceAll('-', '_'))) pid = Number(p);
+    }
+    assert.ok(pid > 0, `no airlock process in pod ${victim.name}'s cgroup`);
+    process.kill(pid, 'SIGKILL');
+    assert.match(await long, /^failed/, 'the run on the killed replica cannot have returned');
+    const after = await callWith(sv, 'run_python', { code: 'print("still serving")' }, { timeout: 300_000 });
+    assert.equal(after.sc?.stdout, 'still serving\n', after.text);
+    let left = '';
+    const swept = await waitFor(async () => (left = (await kubectl('-n', SANDBOX_NS, 'get', 'pods', '-l', `airlock.dev/instance=${instance}`, '-o', 'name')).trim()) === '', 120_000);
+    assert.ok(swept, `the killed replica's pods are still there: ${left}`);
+    // The kubelet restarts the container; the killed one's stdout stays readable.
+    const restarted = await waitFor(async () => {
+      const p = JSON.parse(await kubectl('-n', NS, 'get', 'pod', victim.name, '-o', 'json'));
+      return (p.status.containerStatuses?.[0]?.restartCount ?? 0) > 0;
+    }, 120_000);
+    assert.ok(restarted, `${victim.name} was not restarted`);
+    const records = await auditLog(victim.name, true);
+    assert.ok(records.some((r) => r.id === acked.sc.run_id), `the acknowledged run ${acked.sc.run_id} has no record in the killed container's log`);
+    await Promise.all([v.close().catch(() => {}), sv.close()]);
+    await kubectl('-n', NS, 'rollout', 'status', 'deployment/airlock', '--timeout=180s');
+  });
+
+  test('a rolling update keeps a session: the new replicas serve it with its state', async () => {
+    const old = await replicas();
+    const c = await client(serviceIP, 'deploy-rolling');
+    const created = await callWith(c, 'session_create', {}, { timeout: 300_000 });
+    const sid = created.sc?.session_id;
+    assert.ok(sid, created.text);
+    const set = await callWith(c, 'run_python', { session_id: sid, code: 'x = 41' }, { timeout: 300_000 });
+    assert.equal(set.isError, false, set.text);
+    await kubectl('-n', NS, 'rollout', 'restart', 'deployment/airlock');
+    await kubectl('-n', NS, 'rollout', 'status', 'deployment/airlock', '--timeout=300s');
+    let now = [];
+    const replaced = await waitFor(async () => {
+      now = await replicas();
+      return now.length === 2 && now.every((p) => !old.some((o) => o.name === p.name));
+    }, 120_000);
+    assert.ok(replaced, `the old replicas are still there: ${now.map((p) => p.name)}`);
+    podIPs = now.map((p) => p.ip);
+    await routedOnlyTo(podIPs);
+    // The same client, its MCP session and its airlock session, through
+    // the Service to replicas that did not exist when it opened them.
+    const got = await callWith(c, 'run_python', { session_id: sid, code: 'print(x + 1)' }, { timeout: 300_000 });
+    assert.equal(got.isError, false, got.text);
+    assert.equal(got.sc?.stdout, '42\n');
+    const closed = await callWith(c, 'session_close', { session_id: sid });
+    assert.equal(closed.isError, false, closed.text);
+    await c.close();
+  });
+
+  test('scaled to zero, the replicas leave no sandbox pod behind, not even a session', async () => {
+    // Both replicas leave at once: the one holding the session must not
+    // hand it to the other.
+    const c = await client(serviceIP, 'deploy-last');
+    const created = await callWith(c, 'session_create', {}, { timeout: 300_000 });
+    assert.ok(created.sc?.session_id, created.text);
+    await c.close();
     await kubectl('-n', NS, 'scale', 'deployment/airlock', '--replicas=0');
     const gone = await waitFor(async () => (await kubectl('-n', NS, 'get', 'pods', '-l', 'app.kubernetes.io/name=airlock', '-o', 'name')).trim() === '', 120_000);
     assert.ok(gone, 'the replicas did not stop');
