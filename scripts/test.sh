@@ -39,7 +39,7 @@ step "eslint on the end-to-end files (a name never defined fails here, not 30 mi
 step "sandbox image"
 ./bin/airlock image build
 
-step "kubernetes test cluster (binaries built once per machine: ~8 min cold)"
+step "kubernetes test cluster (binaries built once per machine: ~10 min cold)"
 bash scripts/install-k8s.sh
 # Down again when the tests end, pass or fail, unless asked to keep it.
 if [[ "${AIRLOCK_KEEP_CLUSTER:-0}" != 1 ]]; then
