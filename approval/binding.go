@@ -289,6 +289,28 @@ func (l *Ledger) Claim(id, client, digest string) (*Pending, error) {
 	return p, nil
 }
 
+// Adopt takes in a round-trip request another replica posted and this
+// replica's retry claimed on the board, already claimed: the retry's
+// answer decides it here.
+func (l *Ledger) Adopt(v PendingView) *Pending {
+	p := &Pending{
+		ID:      v.ID,
+		Request: Request{Tool: v.Tool, Client: v.Client, Session: v.Session, Network: v.Network, AllowDomains: v.AllowDomains},
+		Digest:  v.Digest,
+		Created: v.Created,
+		Expires: v.Expires,
+		Info:    Info{Channel: ChannelElicitation, RoundTrip: true, Transport: v.Transport, Rule: v.Rule, Grants: v.Grants},
+		ledger:  l,
+		done:    make(chan struct{}),
+		claimed: true,
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sweepLocked(l.now())
+	l.pending[p.ID] = p
+	return p
+}
+
 // Abandon denies p as expired unless a call claimed it, and reports
 // whether it did: the one place that decides who records a request whose
 // caller never came back for its answer.

@@ -170,12 +170,19 @@ type PendingView struct {
 	Numbered string `json:"numbered"`
 	// Description is the whole request as plain text, as the CLI prints it.
 	Description string `json:"description"`
+	// Digest binds an answer to exactly these arguments (Request.Digest).
+	Digest string `json:"digest"`
+	// RoundTrip marks a question that went back to the client as an input
+	// request: only that client's retry answers it, never a console.
+	RoundTrip bool `json:"round_trip,omitempty"`
 }
 
 // Requests is the console API's answer to GET /api/requests.
 type Requests struct {
 	Pending []PendingView `json:"pending"`
 	Recent  []Finished    `json:"recent"`
+	// Partial says why other replicas' requests may be missing.
+	Partial string `json:"partial,omitempty"`
 }
 
 // View turns a pending request into its API form.
@@ -191,7 +198,7 @@ func View(p *Pending) PendingView {
 		Network: r.Network, AllowDomains: nonNil(r.AllowDomains), Grants: nonNil(p.Info.Grants),
 		Limits: DescribeLimits(r.Limits), Lines: rendered.Lines, CodeBytes: len(r.Code),
 		CodeSHA256: CodeSHA256(r.Code), Warnings: nonNil(rendered.Warnings), Code: rendered.Text, Numbered: rendered.Numbered,
-		Description: Describe(p),
+		Description: Describe(p), Digest: p.Digest, RoundTrip: p.Info.RoundTrip,
 	}
 }
 
@@ -202,11 +209,16 @@ func nonNil(s []string) []string {
 	return s
 }
 
-func (c *Console) list(w http.ResponseWriter, _ *http.Request, _ string) {
+func (c *Console) list(w http.ResponseWriter, r *http.Request, _ string) {
 	out := Requests{Pending: []PendingView{}, Recent: c.gate.Recent()}
-	for _, p := range c.gate.Pending() {
-		out.Pending = append(out.Pending, View(p))
+	views, err := c.gate.Views(r.Context())
+	if err != nil {
+		// This replica's requests still show; the approver is told the
+		// rest may be missing.
+		c.log.Warn("console list without the other replicas' requests", "err", err)
+		out.Partial = err.Error()
 	}
+	out.Pending = append(out.Pending, views...)
 	writeJSON(w, http.StatusOK, out)
 }
 
@@ -244,15 +256,38 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // ConsoleHosts are the Host header values a console listening on addr
-// answers to: the address itself and, for loopback, localhost.
-func ConsoleHosts(addr string) ([]string, error) {
+// answers to: the address itself; on loopback, its other loopback names;
+// on every address (0.0.0.0, ::), each address of this machine's
+// interfaces, so that it is reachable at a pod's or host's IP; and extra,
+// the names an operator routes to it (a Service, an ingress). A literal
+// address is no DNS-rebinding risk: rebinding needs a name.
+func ConsoleHosts(addr string, extra []string) ([]string, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("approval.console.listen %q: %w", addr, err)
 	}
 	hosts := []string{net.JoinHostPort(host, port)}
-	if ip := net.ParseIP(host); (ip != nil && ip.IsLoopback()) || host == "localhost" {
+	ip := net.ParseIP(host)
+	switch {
+	case (ip != nil && ip.IsLoopback()) || host == "localhost":
 		hosts = append(hosts, "localhost:"+port, "127.0.0.1:"+port, "[::1]:"+port)
+	case host == "" || (ip != nil && ip.IsUnspecified()):
+		addrs, err := net.InterfaceAddrs()
+		if err != nil {
+			return nil, fmt.Errorf("approval.console.listen %q: this machine's addresses: %w", addr, err)
+		}
+		hosts = append(hosts, "localhost:"+port)
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok {
+				hosts = append(hosts, net.JoinHostPort(n.IP.String(), port))
+			}
+		}
+	}
+	for _, h := range extra {
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			return nil, fmt.Errorf("approval.console.hosts %q: want host:port: %w", h, err)
+		}
+		hosts = append(hosts, h)
 	}
 	return hosts, nil
 }

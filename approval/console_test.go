@@ -3,6 +3,7 @@ package approval
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -62,16 +63,37 @@ func TestLoadTokensFormat(t *testing.T) {
 }
 
 func TestConsoleHosts(t *testing.T) {
-	h, err := ConsoleHosts("127.0.0.1:8766")
-	if err != nil || strings.Join(h, " ") != "127.0.0.1:8766 localhost:8766 127.0.0.1:8766 [::1]:8766" {
-		t.Errorf("loopback hosts = %v, %v", h, err)
-	}
-	h, _ = ConsoleHosts("10.0.0.5:9000")
-	if strings.Join(h, " ") != "10.0.0.5:9000" {
-		t.Errorf("other hosts = %v", h)
-	}
-	if _, err := ConsoleHosts("no-port"); err == nil {
-		t.Error("an address without a port must fail")
+	for _, tc := range []struct {
+		listen  string
+		extra   []string
+		want    []string // among the hosts
+		notWant []string
+		err     bool
+	}{
+		{listen: "127.0.0.1:8766", want: []string{"127.0.0.1:8766", "localhost:8766", "[::1]:8766"}, notWant: []string{"127.0.0.1:9999"}},
+		{listen: "10.0.0.5:9000", want: []string{"10.0.0.5:9000"}, notWant: []string{"localhost:9000", "127.0.0.1:9000"}},
+		// Every address: each of this machine's, loopback included.
+		{listen: "0.0.0.0:9000", want: []string{"0.0.0.0:9000", "127.0.0.1:9000", "localhost:9000"}, notWant: []string{"evil.example:9000", "127.0.0.1:9001"}},
+		{listen: ":9000", want: []string{"127.0.0.1:9000"}},
+		{listen: "127.0.0.1:8766", extra: []string{"airlock-console.airlock.svc:8766"}, want: []string{"airlock-console.airlock.svc:8766", "127.0.0.1:8766"}},
+		{listen: "no-port", err: true},
+		{listen: "127.0.0.1:8766", extra: []string{"no-port"}, err: true},
+	} {
+		h, err := ConsoleHosts(tc.listen, tc.extra)
+		if (err != nil) != tc.err {
+			t.Errorf("%s %v: err %v, want error %v", tc.listen, tc.extra, err, tc.err)
+			continue
+		}
+		for _, w := range tc.want {
+			if !slices.Contains(h, w) {
+				t.Errorf("%s %v: %v lacks %s", tc.listen, tc.extra, h, w)
+			}
+		}
+		for _, w := range tc.notWant {
+			if slices.Contains(h, w) {
+				t.Errorf("%s %v: %v has %s", tc.listen, tc.extra, h, w)
+			}
+		}
 	}
 }
 

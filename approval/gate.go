@@ -3,6 +3,8 @@ package approval
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"sort"
 	"sync"
 	"time"
 )
@@ -50,6 +52,9 @@ type Gate struct {
 	mu      sync.Mutex
 	console bool
 	recent  []Finished // newest last
+	// board shares console requests with the other replicas (board.go).
+	board    Board
+	boardLog *slog.Logger
 }
 
 // NewGate returns a gate with an empty ledger.
@@ -77,7 +82,9 @@ func (g *Gate) ConsoleOn() bool {
 
 // Open registers req as waiting for a human through info.Channel.
 func (g *Gate) Open(req Request, info Info) *Pending {
-	return g.ledger.OpenWith(req, g.Timeout, info)
+	p := g.ledger.OpenWith(req, g.Timeout, info)
+	g.post(p)
+	return p
 }
 
 // Pending returns the requests waiting on the console, oldest first.
@@ -96,7 +103,14 @@ func (g *Gate) Pending() []*Pending {
 // is that user's to answer.
 func (g *Gate) DecideConsole(id string, approve bool, approver string) error {
 	p := g.ledger.Get(id)
-	if p == nil || p.Info.Channel != ChannelConsole {
+	if p != nil && p.Info.Channel != ChannelConsole {
+		return fmt.Errorf("deciding %q: %w", id, ErrUnknown)
+	}
+	if b, _ := g.boardOf(); b != nil {
+		// The board, not this replica's ledger, says who answered first.
+		return g.decideShared(b, p, id, approve, approver)
+	}
+	if p == nil {
 		return fmt.Errorf("deciding %q: %w", id, ErrUnknown)
 	}
 	return g.ledger.Decide(id, approve, approver, g.ledger.now())
@@ -175,4 +189,9 @@ func Explain(d Decision, err error) string {
 	default:
 		return "Not run: the request was denied."
 	}
+}
+
+// sortViews puts console requests oldest first.
+func sortViews(v []PendingView) {
+	sort.SliceStable(v, func(i, j int) bool { return v[i].Created.Before(v[j].Created) })
 }

@@ -46,6 +46,9 @@ func (a *app) approvalsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if r.Partial != "" {
+				fmt.Fprintf(os.Stderr, "airlock: the other replicas' requests may be missing from this list: %s\n", r.Partial)
+			}
 			if len(r.Pending) == 0 {
 				fmt.Println("Nothing is waiting for a decision.")
 			}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/backend/kube"
 	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/config"
@@ -24,6 +25,9 @@ type backend struct {
 	Instance string
 	// Attrs describe the backend in the "serving" log line.
 	Attrs []any
+	// Board shares console approvals between replicas; nil when this
+	// process is alone (the local backend).
+	Board approval.Board
 	// local is the containerd stack (guardian, hand-off); nil on Kubernetes.
 	local *boot.Stack
 	close func(context.Context)
@@ -47,7 +51,7 @@ func (a *app) withBackend(cmd *cobra.Command, fn func(context.Context, *backend)
 	}
 	metrics.SetCircuitOpen(m.Breaker().Open)
 	b := &backend{
-		Manager: m, Ready: m.Ready, Instance: m.InstanceID(),
+		Manager: m, Ready: m.Ready, Instance: m.InstanceID(), Board: m.Board(),
 		Attrs: []any{"backend", config.BackendKubernetes, "namespace", a.cfg.Kubernetes.Namespace,
 			"runtime_class", a.cfg.Kubernetes.RuntimeClass, "image", a.cfg.Kubernetes.SandboxImage(a.cfg.Image)},
 		close: func(ctx context.Context) {

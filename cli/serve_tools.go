@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 
 	"github.com/airlock-mcp/airlock/approval"
@@ -30,11 +31,11 @@ func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func()
 		}
 	}
 	if cfg.Audit.Enabled {
+		var mirror io.Writer
 		if cfg.Audit.Stdout {
-			h.Audit = approval.NewAuditMirrored(cfg.AuditFile(), int64(cfg.Audit.MaxMB)<<20, os.Stdout)
-		} else {
-			h.Audit = approval.NewAudit(cfg.AuditFile(), int64(cfg.Audit.MaxMB)<<20)
+			mirror = os.Stdout // the cluster's log pipeline collects it
 		}
+		h.Audit = approval.NewAuditMirrored(cfg.AuditFile(), int64(cfg.Audit.MaxMB)<<20, mirror)
 		if err := h.Audit.Check(); err != nil {
 			// Serve anyway: every call then says why it cannot run, which a
 			// desktop user sees; a server that exits shows them nothing.
@@ -60,6 +61,10 @@ func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func()
 		h.Grantable = &gp
 	}
 	if cfg.Approval.Console.Listen != "" {
+		if s.Board != nil {
+			// Every replica's console shows and decides every replica's requests.
+			h.Gate.UseBoard(ctx, s.Board, a.log)
+		}
 		stop, err := a.startConsole(ctx, h.Gate)
 		if err != nil {
 			// Another airlock on this host may hold the port: this one still
@@ -79,7 +84,7 @@ func (a *app) startConsole(ctx context.Context, g *approval.Gate) (func(), error
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := approval.ConsoleHosts(cfg.Approval.Console.Listen)
+	hosts, err := approval.ConsoleHosts(cfg.Approval.Console.Listen, cfg.Approval.Console.Hosts)
 	if err != nil {
 		return nil, err
 	}

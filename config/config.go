@@ -169,6 +169,9 @@ type ConsoleConfig struct {
 	Listen string `mapstructure:"listen"`
 	// TokenFile holds the approver tokens; empty means state_dir/approver.tokens.
 	TokenFile string `mapstructure:"token_file"`
+	// Hosts are more Host header values (host:port) the console answers
+	// to, such as a Service's or an ingress's name.
+	Hosts []string `mapstructure:"hosts"`
 }
 
 // Enabled reports whether any run may need a human.
@@ -368,7 +371,7 @@ func Defaults() Config {
 		Approval: ApprovalConfig{
 			Mode:    string(approval.ModeOff),
 			Timeout: 120 * time.Second,
-			Console: ConsoleConfig{Listen: "127.0.0.1:8766"},
+			Console: ConsoleConfig{Listen: "127.0.0.1:8766", Hosts: []string{}},
 		},
 		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
 		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
@@ -446,6 +449,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("approval.grantable_domains", d.Approval.GrantableDomains)
 	v.SetDefault("approval.console.listen", d.Approval.Console.Listen)
 	v.SetDefault("approval.console.token_file", d.Approval.Console.TokenFile)
+	v.SetDefault("approval.console.hosts", d.Approval.Console.Hosts)
 	v.SetDefault("audit.enabled", d.Audit.Enabled)
 	v.SetDefault("audit.path", d.Audit.Path)
 	v.SetDefault("audit.include_code", d.Audit.IncludeCode)

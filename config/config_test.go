@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -27,7 +28,7 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	d := Defaults()
 	if c.Limits != d.Limits || c.StateDir != d.StateDir || c.Image != d.Image || c.Runtime.Shim != d.Runtime.Shim ||
 		c.Containerd != d.Containerd || c.Sandbox.UID != d.Sandbox.UID || c.Log != d.Log ||
-		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || c.Approval.Console != d.Approval.Console || c.Audit != d.Audit ||
+		c.Approval.Mode != d.Approval.Mode || c.Approval.Timeout != d.Approval.Timeout || !reflect.DeepEqual(c.Approval.Console, d.Approval.Console) || c.Audit != d.Audit ||
 		c.Server.Listen != d.Server.Listen || c.Server.Socket != d.Server.Socket || c.Server.ShutdownGrace != d.Server.ShutdownGrace ||
 		c.Server.ProgressInterval != d.Server.ProgressInterval || c.TLS != d.TLS || c.Auth.TokenFile != d.Auth.TokenFile || c.Auth.AllowUnauthenticated ||
 		c.Pool.Size != d.Pool.Size || c.Pool.MaxIdleAge != d.Pool.MaxIdleAge || strings.Join(c.Pool.Preload, ",") != strings.Join(d.Pool.Preload, ",") ||

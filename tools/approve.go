@@ -102,7 +102,7 @@ func (c *call) askRoundTrip(areq approval.Request, info approval.Info) *mcp.Call
 func (c *call) resume(ctx context.Context, req mcp.CallToolRequest, areq approval.Request) *mcp.CallToolResult {
 	g := c.h.Gate
 	c.rec.Channel, c.rec.ApprovalID = approval.ChannelElicitation, req.Params.RequestState
-	p, err := g.Ledger().Claim(req.Params.RequestState, c.caller.ID, areq.Digest())
+	p, err := g.Claim(req.Params.RequestState, c.caller.ID, areq.Digest())
 	if err != nil {
 		c.rec.Decision = approval.DecisionDenied
 		if errors.Is(err, approval.ErrExpired) {
@@ -222,7 +222,7 @@ func elicitParams(p *approval.Pending) mcp.ElicitationParams {
 // deferRecord arranges for rec to be written when p expires unclaimed.
 func (h *Handlers) deferRecord(p *approval.Pending, rec approval.Record) {
 	write := func() {
-		if !h.Gate.Ledger().Abandon(p) {
+		if !h.Gate.Abandon(p) {
 			return
 		}
 		rec.WaitMS = time.Since(p.Created).Milliseconds()

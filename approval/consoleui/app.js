@@ -119,7 +119,8 @@ async function refresh() {
     }
     $('#none-pending').hidden = data.pending.length > 0;
     renderRecent(data.recent);
-    setStatus('updated ' + new Date().toLocaleTimeString());
+    // Another replica's requests may be missing: say so rather than show a short list as whole.
+    setStatus((data.partial ? 'other replicas unreachable, their requests may be missing: ' + data.partial + '; ' : '') + 'updated ' + new Date().toLocaleTimeString());
   } catch (e) {
     setStatus('error: ' + e.message);
   }

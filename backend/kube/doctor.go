@@ -46,6 +46,9 @@ var Permissions = []Permission{
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "create"}, {Group: "coordination.k8s.io", Resource: "leases", Verb: "get"},
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "list"}, {Group: "coordination.k8s.io", Resource: "leases", Verb: "update"},
 	{Group: "coordination.k8s.io", Resource: "leases", Verb: "delete"},
+	// The approval board (board.go): one ConfigMap per console request.
+	{Resource: "configmaps", Verb: "create"}, {Resource: "configmaps", Verb: "get"}, {Resource: "configmaps", Verb: "list"},
+	{Resource: "configmaps", Verb: "watch"}, {Resource: "configmaps", Verb: "update"}, {Resource: "configmaps", Verb: "delete"},
 	{Resource: "namespaces", Verb: "get", Cluster: true},
 	{Group: "node.k8s.io", Resource: "runtimeclasses", Verb: "get", Cluster: true},
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
 )
@@ -71,6 +70,13 @@ func (m *Manager) othersServe(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// handOnTarget is othersServe asked once per shutdown, for every session
+// released at it; endUnheld asks again afterwards.
+func (m *Manager) handOnTarget(ctx context.Context) (bool, error) {
+	m.handOn.Do(func() { m.handOnOK, m.handOnErr = m.othersServe(ctx) })
+	return m.handOnOK, m.handOnErr
+}
+
 // Release implements runtime.SessionReleaser: at shutdown, the session
 // goes to the namespace's other airlocks when one is live and staying,
 // and ends (as Close) otherwise. It waits for a call in progress.
@@ -82,7 +88,7 @@ func (ss *session) Release() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
 	defer cancel()
-	others, err := ss.m.othersServe(ctx)
+	others, err := ss.m.handOnTarget(ctx)
 	if err != nil {
 		ss.p.log.Warn("cannot tell whether another airlock can take the session; ending it", "err", err)
 	}
@@ -113,22 +119,9 @@ func (m *Manager) endUnheld(ctx context.Context) error {
 	if err != nil || others {
 		return err
 	}
-	pods := m.o.Client.CoreV1().Pods(m.o.Namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: fmt.Sprintf("%s=%s,%s,!%s", LabelManagedBy, ManagedBy, LabelSession, LabelInstance)})
-	if err != nil {
-		return fmt.Errorf("list the sessions no airlock holds: %w", err)
-	}
-	grace := int64(0)
-	for _, po := range list.Items {
-		if po.DeletionTimestamp != nil {
-			continue
-		}
-		// At the version judged: a session adopted meanwhile stays.
-		err := pods.Delete(ctx, po.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace,
-			Preconditions: &metav1.Preconditions{UID: &po.UID, ResourceVersion: &po.ResourceVersion}})
-		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
-			return fmt.Errorf("delete session pod %s no airlock holds: %w", po.Name, err)
-		}
+	sel := fmt.Sprintf("%s=%s,%s,!%s", LabelManagedBy, ManagedBy, LabelSession, LabelInstance)
+	if _, err := deleteSessionPods(ctx, m.o.Client, m.o.Namespace, sel, func(*corev1.Pod) bool { return true }); err != nil {
+		return fmt.Errorf("end the sessions no airlock holds: %w", err)
 	}
 	return nil
 }

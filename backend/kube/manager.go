@@ -77,6 +77,11 @@ type Manager struct {
 	// leaving marks this instance's Lease once it shuts down (handoff.go).
 	leaving    sync.Once
 	leavingErr error
+	// handOn is whether sessions released at shutdown go to another
+	// airlock: asked once, for all of them (handoff.go).
+	handOn    sync.Once
+	handOnOK  bool
+	handOnErr error
 }
 
 // New checks the options and registers this instance (its Lease, which

@@ -80,6 +80,20 @@ func openTestSession(t *testing.T, m *Manager) (string, runtime.Session) {
 	return id, s
 }
 
+// twoManagers starts two Managers, as two airlock replicas, on a
+// namespace of the test's own.
+func twoManagers(t *testing.T) (*kubernetes.Clientset, string, *Manager, *Manager) {
+	t.Helper()
+	cs, cfg := needCluster(t)
+	ns := testNamespace(t, cs)
+	return cs, ns, newTestManager(t, cs, cfg, ns, 2, 0), newTestManager(t, cs, cfg, ns, 2, 0)
+}
+
+// runPython runs code in session s with the test limits.
+func runPython(s runtime.Session, code string) (runtime.Result, error) {
+	return s.Run(context.Background(), runtime.Request{Language: runtime.Python, Code: code, Limits: testLimits()})
+}
+
 // instancePods lists the pods a manager's instance has on the cluster.
 func instancePods(t *testing.T, cs *kubernetes.Clientset, ns string, m *Manager) int {
 	t.Helper()
@@ -311,16 +325,10 @@ func TestWarmPodsAcrossInstances(t *testing.T) {
 // first learns at its next call and lets go without deleting the pod;
 // the sweep leaves a served session alone and removes an abandoned one.
 func TestSessionTakeover(t *testing.T) {
-	cs, cfg := needCluster(t)
-	ns := testNamespace(t, cs)
-	a := newTestManager(t, cs, cfg, ns, 2, 0)
-	b := newTestManager(t, cs, cfg, ns, 2, 0)
+	cs, ns, a, b := twoManagers(t)
 	ctx := context.Background()
-	lim := testLimits()
 	id, sa := openTestSession(t, a)
-	py := func(s runtime.Session, code string) (runtime.Result, error) {
-		return s.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: lim})
-	}
+	py := runPython
 	if r, err := py(sa, "x = 41"); err != nil || r.ExitCode != 0 {
 		t.Fatalf("first call: %+v %v", r, err)
 	}
@@ -363,12 +371,9 @@ func TestSessionTakeover(t *testing.T) {
 // that leaves last ends the sessions nobody holds; and one that is alone
 // ends its own.
 func TestSessionHandoff(t *testing.T) {
-	cs, cfg := needCluster(t)
-	ns := testNamespace(t, cs)
-	a := newTestManager(t, cs, cfg, ns, 2, 0)
-	b := newTestManager(t, cs, cfg, ns, 2, 0)
+	cs, ns, a, b := twoManagers(t)
+	_, cfg := needCluster(t)
 	ctx := context.Background()
-	lim := testLimits()
 	open := func(m *Manager) (string, runtime.SessionReleaser) {
 		t.Helper()
 		id, s := openTestSession(t, m)
@@ -376,7 +381,7 @@ func TestSessionHandoff(t *testing.T) {
 	}
 	py := func(s runtime.Session, code string) string {
 		t.Helper()
-		r, err := s.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: lim})
+		r, err := runPython(s, code)
 		if err != nil || r.ExitCode != 0 {
 			t.Fatalf("%q: %+v %v", code, r, err)
 		}

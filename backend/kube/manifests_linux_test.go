@@ -182,6 +182,7 @@ func TestManifestsOnCluster(t *testing.T) {
 		{Namespace: nsA, Resource: "secrets", Verb: "get"},
 		{Namespace: "default", Resource: "secrets", Verb: "list"},
 		{Namespace: nsA, Resource: "configmaps", Verb: "get"},
+		{Namespace: "default", Resource: "configmaps", Verb: "list"}, // the approval board is in the sandbox namespace only
 		{Namespace: nsA, Resource: "pods", Verb: "create"},
 		{Namespace: "default", Resource: "pods", Verb: "create"},
 		{Namespace: "kube-system", Resource: "pods", Verb: "list"},

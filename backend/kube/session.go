@@ -362,15 +362,23 @@ func (ss *session) destroy() {
 // passed). Each delete carries the version judged, so a session taken up
 // meanwhile stays. It returns how many it deleted.
 func SweepSessions(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time, slack time.Duration) (int, error) {
+	sel := fmt.Sprintf("%s=%s,%s", LabelManagedBy, ManagedBy, LabelSession)
+	return deleteSessionPods(ctx, client, namespace, sel, func(po *corev1.Pod) bool { return sessionAbandoned(po, now, slack) })
+}
+
+// deleteSessionPods deletes the session pods that sel selects and judge
+// condemns, each at the version judged: a session adopted or used
+// meanwhile stays. It returns how many it deleted.
+func deleteSessionPods(ctx context.Context, client kubernetes.Interface, namespace, sel string, judge func(*corev1.Pod) bool) (int, error) {
 	pods := client.CoreV1().Pods(namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: fmt.Sprintf("%s=%s,%s", LabelManagedBy, ManagedBy, LabelSession)})
+	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return 0, fmt.Errorf("list session pods: %w", err)
 	}
 	n := 0
 	grace := int64(0)
 	for _, po := range list.Items {
-		if po.DeletionTimestamp != nil || !sessionAbandoned(&po, now, slack) {
+		if po.DeletionTimestamp != nil || !judge(&po) {
 			continue
 		}
 		err := pods.Delete(ctx, po.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace,

@@ -18,13 +18,20 @@ import { promisify } from 'node:util';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 
-import { AIRLOCK_BIN, E2E_DIR, callWith, clusterUp, kubectl, parseMetrics, waitFor } from './lib.mjs';
+import { AIRLOCK_BIN, E2E_DIR, airlockCLI, callWith, clusterUp, kubectl, parseMetrics, waitFor } from './lib.mjs';
 
 const execFileP = promisify(execFile);
 // The base's names: this suite owns them on the test cluster.
 const NS = 'airlock';
 const SANDBOX_NS = 'airlock-sandboxes';
 const PORT = 8765;
+const CONSOLE_PORT = 8766;
+// What a stateless (2026-07-28) client puts in every request's _meta.
+const MODERN_META = {
+  'io.modelcontextprotocol/protocolVersion': '2026-07-28',
+  'io.modelcontextprotocol/clientCapabilities': { elicitation: {} },
+  'io.modelcontextprotocol/clientInfo': { name: 'deploy-stateless', version: '0' },
+};
 
 
 
@@ -59,7 +66,7 @@ function freshFetch(token) {
 }
 
 describe('airlock deployed with kubectl apply -k, two replicas behind a Service', { skip: !(await clusterUp()) && 'no test cluster (scripts/cluster.sh up starts one)', timeout: 20 * 60_000 }, () => {
-  let dir, token, serviceIP, podIPs = [];
+  let dir, token, approverTokens, serviceIP, podIPs = [];
   const client = async (host, name) => {
     const c = new Client({ name, version: '0.0.0' });
     await c.connect(new StreamableHTTPClientTransport(new URL(`http://${host}:${PORT}/mcp`), { fetch: freshFetch(token) }), { timeout: 60_000 });
@@ -70,30 +77,53 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     assert.equal(r.status, 200);
     return parseMetrics(await r.text());
   };
-  /** The replicas' pods: name, uid, IP. */
-  const replicas = async () => JSON.parse(await kubectl('-n', NS, 'get', 'pods', '-l', 'app.kubernetes.io/name=airlock', '-o', 'json')).items
-    .filter((p) => !p.metadata.deletionTimestamp).map((p) => ({ name: p.metadata.name, uid: p.metadata.uid, ip: p.status.podIP }));
-  /** The audit records a replica's container wrote to stdout (the cluster's log). */
-  const auditLog = async (pod, previous = false) => (await kubectl('-n', NS, 'logs', pod, ...(previous ? ['--previous'] : [])))
+  /** The replicas' pods, none of them leaving: name, uid, IP, readiness; and how many pods there are in all. */
+  const replicaPods = async () => {
+    const items = JSON.parse(await kubectl('-n', NS, 'get', 'pods', '-l', 'app.kubernetes.io/name=airlock', '-o', 'json')).items;
+    const live = items.filter((p) => !p.metadata.deletionTimestamp).map((p) => ({
+      name: p.metadata.name, uid: p.metadata.uid, ip: p.status.podIP,
+      ready: p.status.conditions?.some((c) => c.type === 'Ready' && c.status === 'True') ?? false,
+    }));
+    return { live, all: items.length };
+  };
+  const replicas = async () => (await replicaPods()).live;
+  /** The JSON lines a replica's container wrote to stdout (the cluster's log). */
+  const logLines = async (pod, previous = false) => (await kubectl('-n', NS, 'logs', pod, ...(previous ? ['--previous'] : [])))
     .split('\n').flatMap((l) => {
       try {
-        const r = JSON.parse(l);
-        return r.tool && r.decision ? [r] : [];
+        return [JSON.parse(l)];
       } catch {
-        return [];
+        return []; // not JSON
       }
     });
+  /** The audit records among them. */
+  const auditLog = async (pod, previous = false) => (await logLines(pod, previous)).filter((r) => r.tool && r.decision);
   /** The instance id a replica's container announced when it started. */
-  const instanceOf = async (pod) => {
-    for (const l of (await kubectl('-n', NS, 'logs', pod)).split('\n')) {
-      try {
-        const r = JSON.parse(l);
-        if (r.msg === 'serving' && r.instance) return r.instance;
-      } catch {
-        // not JSON
-      }
-    }
-    return '';
+  const instanceOf = async (pod) => (await logLines(pod)).find((r) => r.msg === 'serving' && r.instance)?.instance ?? '';
+  /** `airlock approvals ARGS` against one replica's console. */
+  const approvals = (ip, ...args) => airlockCLI(['approvals', ...args, '--console', `http://${ip}:${CONSOLE_PORT}`, '--token-file', approverTokens]);
+  /** The ids waiting on a replica's console. */
+  const waitingOn = async (ip) => {
+    const r = await approvals(ip, 'list');
+    assert.equal(r.code, 0, r.stderr);
+    return [...r.stdout.matchAll(/^=== ([0-9a-f]{32})$/gm)].map((m) => m[1]);
+  };
+  /** One stateless tools/call, as a 2026-07-28 client sends it: no session, all in _meta. */
+  const statelessCall = async (ip, name, params) => {
+    const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'tools/call', params: { name, ...params, _meta: MODERN_META } });
+    const r = await freshFetch(token)(`http://${ip}:${PORT}/mcp`, {
+      method: 'POST', body,
+      headers: { 'content-type': 'application/json', accept: 'application/json, text/event-stream', 'mcp-protocol-version': '2026-07-28', 'mcp-method': 'tools/call', 'mcp-name': name },
+    });
+    const text = await r.text();
+    assert.equal(r.status, 200, text);
+    // JSON, or an event stream that ends with the response.
+    const msgs = (r.headers.get('content-type') ?? '').includes('text/event-stream')
+      ? text.split('\n').filter((l) => l.startsWith('data:')).map((l) => JSON.parse(l.slice(5)))
+      : [JSON.parse(text)];
+    const res = msgs.find((m) => m.id === 1);
+    assert.ok(res, text);
+    return res;
   };
   const runs = (m) => [...m].filter(([k]) => k.startsWith('airlock_executions_total{') && k.includes('tool="run_python"')).reduce((n, [, v]) => n + v, 0);
 
@@ -121,17 +151,19 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     const { stdout } = await execFileP(AIRLOCK_BIN, ['token', 'add', 'e2e'], { env: { ...process.env, AIRLOCK_AUTH_TOKEN_FILE: tokens } });
     token = stdout.trim();
     await writeFile(path.join(dir, 'session.key'), randomBytes(32).toString('hex'));
+    approverTokens = path.join(dir, 'approver.tokens');
+    await writeFile(approverTokens, `e2e-approver:${randomBytes(24).toString('hex')}\n`, { mode: 0o600 });
     await kubectl('create', 'namespace', NS);
-    await kubectl('-n', NS, 'create', 'secret', 'generic', 'airlock-secrets', `--from-file=client.tokens=${tokens}`, `--from-file=session.key=${path.join(dir, 'session.key')}`);
+    await kubectl('-n', NS, 'create', 'secret', 'generic', 'airlock-secrets', `--from-file=client.tokens=${tokens}`,
+      `--from-file=session.key=${path.join(dir, 'session.key')}`, `--from-file=approver.tokens=${approverTokens}`);
     await kubectl('apply', '-k', path.join(E2E_DIR, 'kube-deploy'));
     await kubectl('-n', NS, 'rollout', 'status', 'deployment/airlock', '--timeout=180s');
     serviceIP = (await kubectl('-n', NS, 'get', 'service', 'airlock', '-o', 'jsonpath={.spec.clusterIP}')).trim();
     // The two replicas of the rollout, ready, none of them leaving.
     const ready = await waitFor(async () => {
-      const pods = JSON.parse(await kubectl('-n', NS, 'get', 'pods', '-l', 'app.kubernetes.io/name=airlock', '-o', 'json')).items;
-      podIPs = pods.filter((p) => !p.metadata.deletionTimestamp && p.status.conditions?.some((c) => c.type === 'Ready' && c.status === 'True'))
-        .map((p) => p.status.podIP);
-      return podIPs.length === 2 && pods.length === 2;
+      const { live, all } = await replicaPods();
+      podIPs = live.filter((p) => p.ready).map((p) => p.ip);
+      return podIPs.length === 2 && all === 2;
     }, 60_000);
     assert.ok(ready, `want 2 ready replicas, have ${podIPs}`);
     await routedOnlyTo(podIPs);
@@ -181,6 +213,75 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     for (const ip of podIPs) {
       const r = await freshFetch('wrong')(`http://${ip}:${PORT}/mcp`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
       assert.equal(r.status, 401, `replica ${ip}`);
+    }
+  });
+
+  test('a call asked through one replica is approved on the other\'s console, with `airlock approvals`', async () => {
+    const [ra, rb] = await replicas();
+    const c = await client(ra.ip, 'deploy-approval');
+    const call = callWith(c, 'run_shell', { command: 'echo approved-across' }, { timeout: 300_000 });
+    let ids = [];
+    const shown = await waitFor(async () => (ids = await waitingOn(rb.ip)).length === 1, 60_000);
+    assert.ok(shown, `replica ${rb.name}'s console shows ${ids}, want the request asked on ${ra.name}`);
+    assert.deepEqual(await waitingOn(ra.ip), ids, 'both consoles show the same request');
+    const ok = await approvals(rb.ip, 'approve', ids[0]);
+    assert.equal(ok.code, 0, ok.stderr);
+    const again = await approvals(ra.ip, 'deny', ids[0]);
+    assert.notEqual(again.code, 0, 'a second answer, on the asking replica, must be refused');
+    assert.match(again.stderr + again.stdout, /already decided/);
+    const r = await call;
+    assert.equal(r.isError, false, r.text);
+    assert.equal(r.sc?.stdout, 'approved-across\n');
+    const rec = (await auditLog(ra.name)).find((x) => x.id === r.sc.run_id);
+    assert.equal(rec?.decision, 'approved', JSON.stringify(rec));
+    assert.equal(rec?.approver, 'console:e2e-approver', JSON.stringify(rec));
+    assert.deepEqual(await waitingOn(rb.ip), [], 'the decided request left the consoles');
+    await c.close();
+  });
+
+  test('a stateless client\'s answered retry runs on the other replica, once', async () => {
+    const [ra, rb] = await replicas();
+    const args = { command: 'echo retried-across' };
+    const asked = await statelessCall(ra.ip, 'run_shell', { arguments: args });
+    const state = asked.result?.requestState;
+    assert.ok(state && asked.result?.inputRequests?.airlock_approval, `want an input request: ${JSON.stringify(asked)}`);
+    assert.deepEqual(await waitingOn(rb.ip), [], 'a question for the client\'s user is not on the consoles');
+    const answer = { airlock_approval: { action: 'accept', content: { approve: true } } };
+    // Other arguments are refused, and spoil the approval on every replica.
+    const changed = await statelessCall(rb.ip, 'run_shell', { arguments: { command: 'echo other' }, requestState: state, inputResponses: answer });
+    assert.equal(changed.result?.isError, true, JSON.stringify(changed));
+    const spoiled = await statelessCall(ra.ip, 'run_shell', { arguments: args, requestState: state, inputResponses: answer });
+    assert.equal(spoiled.result?.isError, true, `a spoiled approval ran on the asking replica: ${JSON.stringify(spoiled)}`);
+
+    const asked2 = await statelessCall(ra.ip, 'run_shell', { arguments: args });
+    const state2 = asked2.result?.requestState;
+    assert.ok(state2, JSON.stringify(asked2));
+    const ran = await statelessCall(rb.ip, 'run_shell', { arguments: args, requestState: state2, inputResponses: answer });
+    assert.notEqual(ran.result?.isError, true, JSON.stringify(ran)); // isError is left out when false
+    assert.equal(ran.result?.structuredContent?.stdout, 'retried-across\n');
+    for (const ip of [ra.ip, rb.ip]) {
+      const twice = await statelessCall(ip, 'run_shell', { arguments: args, requestState: state2, inputResponses: answer });
+      assert.equal(twice.result?.isError, true, `the same answer ran twice (on ${ip}): ${JSON.stringify(twice)}`);
+      assert.match(JSON.stringify(twice.result), /already/);
+    }
+    const runId = ran.result.structuredContent.run_id;
+    const rec = (await auditLog(rb.name)).find((x) => x.id === runId);
+    assert.equal(rec?.decision, 'approved', JSON.stringify(rec));
+    assert.equal(rec?.approval_id, state2);
+    // A request asked after it and never answered: the asking replica
+    // records its expiry, after it judged the one above.
+    const asked3 = await statelessCall(ra.ip, 'run_shell', { arguments: args });
+    const state3 = asked3.result?.requestState;
+    assert.ok(state3, JSON.stringify(asked3));
+    const expiryOf = async (id) => (await auditLog(ra.name)).filter((x) => x.approval_id === id && x.decision === 'expired');
+    const recorded = await waitFor(async () => (await expiryOf(state3)).length === 1, 180_000);
+    assert.ok(recorded, 'the unanswered request\'s expiry was never recorded');
+    // The retry was the answer to the first: no expiry for it, and it is
+    // off the board. (The refused second retry has a record of its own.)
+    assert.deepEqual(await expiryOf(state2), [], 'the asking replica recorded an expiry for the request another replica ran');
+    for (const id of [state2, state3]) {
+      const left = (await kubectl('-n', SANDBOX_NS, 'get', 'configmap', `airlock-approval-${id}`, '--ignore-not-found', '-o', 'name')).trim();
+      assert.equal(left, '', `request ${id} is still on the board after its expiry`);
     }
   });
 
