@@ -28,6 +28,9 @@ type backend struct {
 	// Board shares console approvals between replicas; nil when this
 	// process is alone (the local backend).
 	Board approval.Board
+	// Peers lists the other replicas' MCP addresses; nil when this process
+	// is alone (the local backend).
+	Peers func(context.Context) ([]string, error)
 	// local is the containerd stack (guardian, hand-off); nil on Kubernetes.
 	local *boot.Stack
 	close func(context.Context)
@@ -51,7 +54,7 @@ func (a *app) withBackend(cmd *cobra.Command, fn func(context.Context, *backend)
 	}
 	metrics.SetCircuitOpen(m.Breaker().Open)
 	b := &backend{
-		Manager: m, Ready: m.Ready, Instance: m.InstanceID(), Board: m.Board(),
+		Manager: m, Ready: m.Ready, Instance: m.InstanceID(), Board: m.Board(), Peers: m.Peers,
 		Attrs: []any{"backend", config.BackendKubernetes, "namespace", a.cfg.Kubernetes.Namespace,
 			"runtime_class", a.cfg.Kubernetes.RuntimeClass, "image", a.cfg.Kubernetes.SandboxImage(a.cfg.Image)},
 		close: func(ctx context.Context) {

@@ -143,6 +143,7 @@ func (a *app) serveHTTP(cmd *cobra.Command, transports []string) error {
 			// A write_file of the largest file, base64-encoded, must fit.
 			MaxBody:    maxMessageBytes(cfg),
 			SessionKey: sessionKey,
+			Peers:      peersOf(cfg, b),
 			Log:        a.log,
 		})
 		if err != nil {
@@ -185,4 +186,14 @@ func (a *app) clientTokens() (*server.Tokens, error) {
 // never less than 8 MiB (code is capped far below that by limits.code_bytes).
 func maxMessageBytes(cfg config.Config) int64 {
 	return max(8<<20, int64(cfg.Files.MaxFileMB)<<20*4/3+1<<20, int64(cfg.Limits.CodeBytes)*6+1<<20)
+}
+
+// peersOf is where a client's reply this replica cannot place is handed
+// on: the other replicas, when this one advertises an address they reach
+// it at over plain HTTP (with tls set, replicas are not handed replies).
+func peersOf(cfg config.Config, b *backend) func(context.Context) ([]string, error) {
+	if b.Peers == nil || cfg.Server.Advertise == "" || cfg.TLS.Cert != "" {
+		return nil
+	}
+	return b.Peers
 }

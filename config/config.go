@@ -126,6 +126,11 @@ type ServerConfig struct {
 	// any of them serves a streamable HTTP session another opened; empty:
 	// sessions stay on the process that opened them.
 	SessionKeyFile string `mapstructure:"session_key_file"`
+	// Advertise is where the other replicas reach this one's MCP endpoint
+	// (host:port, plain HTTP); on Kubernetes, the pod's IP and port. A
+	// 2025-11-25 client's reply that reaches the wrong replica is handed
+	// to the right one there. Empty: replies are not handed on.
+	Advertise string `mapstructure:"advertise"`
 }
 
 // TLSConfig serves the HTTP transports over TLS when both are set.
@@ -476,6 +481,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("server.allowed_origins", d.Server.AllowedOrigins)
 	v.SetDefault("server.progress_interval", d.Server.ProgressInterval)
 	v.SetDefault("server.session_key_file", d.Server.SessionKeyFile)
+	v.SetDefault("server.advertise", d.Server.Advertise)
 	v.SetDefault("tls.cert", d.TLS.Cert)
 	v.SetDefault("tls.key", d.TLS.Key)
 	v.SetDefault("auth.tokens", d.Auth.Tokens)
@@ -540,6 +546,7 @@ func (c Config) Validate() error {
 		{c.Runtime.Shim == ShimAuto || c.Runtime.Shim == ShimRunc || c.Runtime.Shim == ShimRunsc,
 			fmt.Sprintf("runtime.shim must be %q, %q or %q", ShimAuto, ShimRunc, ShimRunsc)},
 		{c.Image != "", "image must name an image reference"},
+		{c.Server.Advertise == "" || validHostPort(c.Server.Advertise), fmt.Sprintf("server.advertise %q must be host:port, e.g. 10.0.0.7:8765", c.Server.Advertise)},
 		{c.Runtime.Backend == BackendContainerd || c.Runtime.Backend == BackendKubernetes,
 			fmt.Sprintf("runtime.backend must be %q or %q", BackendContainerd, BackendKubernetes)},
 		{c.Runtime.Backend != BackendKubernetes || dnsLabelRE.MatchString(c.Kubernetes.Namespace),
@@ -705,4 +712,10 @@ func isLoopbackAddr(addr string) bool {
 	}
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.IsLoopback()
+}
+
+// validHostPort reports whether s is host:port with both parts present.
+func validHostPort(s string) bool {
+	h, p, err := net.SplitHostPort(s)
+	return err == nil && h != "" && p != ""
 }

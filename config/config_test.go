@@ -51,6 +51,7 @@ func TestEnvOverrides(t *testing.T) {
 
 func TestValidateNamesTheKey(t *testing.T) {
 	cases := map[string]func(*Config){
+		"server.advertise":      func(c *Config) { c.Server.Advertise = "10.0.0.7" },
 		"limits.timeout_s":      func(c *Config) { c.Limits.TimeoutS = 0 },
 		"limits.max_timeout_s":  func(c *Config) { c.Limits.MaxTimeoutS = 1; c.Limits.TimeoutS = 5 },
 		"limits.memory_mb":      func(c *Config) { c.Limits.MemoryMB = 1 },

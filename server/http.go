@@ -65,7 +65,11 @@ type HTTPOptions struct {
 	// serve a streamable HTTP session another opened (for its owner only);
 	// nil: sessions stay where they began.
 	SessionKey []byte
-	Log        *slog.Logger
+	// Peers lists the other replicas' MCP addresses (host:port), to which
+	// a 2025-11-25 client's reply this replica cannot place is handed
+	// (forward.go); nil: this process is alone.
+	Peers func(context.Context) ([]string, error)
+	Log   *slog.Logger
 }
 
 // HTTPServer is airlock's network face: the MCP transports, health
@@ -165,7 +169,7 @@ func (h *HTTPServer) handler(transports []string, authenticate func(http.Handler
 			server.WithSessionIdleTTL(sessionIdle),
 			server.WithStreamableHTTPLogger(h.o.Log.With("component", "mcp-http")),
 		)
-		mux.Handle("/mcp", guard(dropStatelessCancel(h.owners.bindStreamable(streamable))))
+		mux.Handle("/mcp", guard(dropStatelessCancel(h.forwardReplies(h.owners.bindStreamable(streamable)))))
 	}
 	if slices.Contains(transports, TransportSSE) {
 		if h.sse == nil {
@@ -256,8 +260,25 @@ func limitBody(next http.Handler, max int64) http.Handler {
 // notification could cancel another client's call with the same id. A
 // stateless client cancels by closing its request, which always works.
 func dropStatelessCancel(next http.Handler) http.Handler {
+	stateless := func(r *http.Request) bool { return r.Header.Get("Mcp-Session-Id") == "" }
+	return inspectBody(next, stateless, func(w http.ResponseWriter, r *http.Request, body []byte) {
+		var m struct {
+			Method string `json:"method"`
+		}
+		if json.Unmarshal(body, &m) == nil && m.Method == string(mcp.MethodNotificationCancelled) {
+			w.WriteHeader(http.StatusAccepted)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// inspectBody reads the body of each POST that want selects and hands it
+// to f, with r's body restored for whatever f passes it on to; other
+// requests go straight to next.
+func inspectBody(next http.Handler, want func(*http.Request) bool, f func(http.ResponseWriter, *http.Request, []byte)) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost || r.Header.Get("Mcp-Session-Id") != "" {
+		if r.Method != http.MethodPost || !want(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -266,15 +287,8 @@ func dropStatelessCancel(next http.Handler) http.Handler {
 			http.Error(w, "request body too large or unreadable", http.StatusRequestEntityTooLarge)
 			return
 		}
-		var m struct {
-			Method string `json:"method"`
-		}
-		if json.Unmarshal(body, &m) == nil && m.Method == string(mcp.MethodNotificationCancelled) {
-			w.WriteHeader(http.StatusAccepted)
-			return
-		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		next.ServeHTTP(w, r)
+		f(w, r, body)
 	})
 }
 

@@ -22,6 +22,10 @@ import (
 // clock skew and a slow renewal.
 const defaultLeaseDuration = 30 * time.Second
 
+// annAddress on an instance's Lease is where the other replicas reach its
+// MCP endpoint (Options.Address).
+const annAddress = "airlock.dev/address"
+
 type instanceLease struct {
 	client    kubernetes.Interface
 	namespace string
@@ -39,7 +43,7 @@ type instanceLease struct {
 
 // startLease creates this instance's Lease and keeps it renewed, calling
 // afterRenew after each renewal.
-func startLease(ctx context.Context, client kubernetes.Interface, namespace, instance string, duration time.Duration, afterRenew func(context.Context), log *slog.Logger) (*instanceLease, error) {
+func startLease(ctx context.Context, client kubernetes.Interface, namespace, instance, address string, duration time.Duration, afterRenew func(context.Context), log *slog.Logger) (*instanceLease, error) {
 	now := metav1.NewMicroTime(time.Now())
 	secs := int32(duration / time.Second)
 	holder := instance
@@ -50,6 +54,9 @@ func startLease(ctx context.Context, client kubernetes.Interface, namespace, ins
 			Labels:    map[string]string{LabelManagedBy: ManagedBy, LabelInstance: instance},
 		},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
+	}
+	if address != "" {
+		l.Annotations = map[string]string{annAddress: address}
 	}
 	created, err := client.CoordinationV1().Leases(namespace).Create(ctx, l, metav1.CreateOptions{})
 	if err != nil {
@@ -149,4 +156,24 @@ func leaseExpired(l coordinationv1.Lease, now time.Time) bool {
 	}
 	d := time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 	return now.Sub(l.Spec.RenewTime.Time) > 2*d
+}
+
+// Peers returns the MCP addresses of the namespace's other live airlock
+// instances that published one: where a client's reply this replica
+// cannot place may belong (server.HTTPOptions.Peers).
+func (m *Manager) Peers(ctx context.Context) ([]string, error) {
+	list, err := m.o.Client.CoordinationV1().Leases(m.o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy + "," + LabelInstance})
+	if err != nil {
+		return nil, fmt.Errorf("list instance leases: %w", err)
+	}
+	now := time.Now()
+	var out []string
+	for _, l := range list.Items {
+		addr := l.Annotations[annAddress]
+		if addr == "" || l.Labels[LabelInstance] == m.o.InstanceID || l.DeletionTimestamp != nil || leaseExpired(l, now) {
+			continue
+		}
+		out = append(out, addr)
+	}
+	return out, nil
 }

@@ -35,7 +35,10 @@ type Options struct {
 	REST      *rest.Config
 	Namespace string
 	// InstanceID names this airlock process: its Lease owns its pods.
-	InstanceID    string
+	InstanceID string
+	// Address is where the other replicas reach this one's MCP endpoint
+	// (host:port), published on its Lease; empty: not reachable.
+	Address       string
 	Image         string
 	RuntimeClass  string
 	NodeSelector  map[string]string
@@ -112,7 +115,7 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 		admission: runtime.NewAdmission(o.Concurrency, o.Queue, o.QueueWait),
 		breaker:   runtime.NewBreaker(o.Breaker),
 	}
-	l, err := startLease(ctx, o.Client, o.Namespace, o.InstanceID, o.LeaseDuration, m.sweep, o.Log)
+	l, err := startLease(ctx, o.Client, o.Namespace, o.InstanceID, o.Address, o.LeaseDuration, m.sweep, o.Log)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes backend: %w", err)
 	}

@@ -65,7 +65,7 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 	}
 	l := cfg.Limits
 	return New(ctx, Options{
-		Client: cs, REST: rc, Namespace: k.Namespace, InstanceID: runtime.NewRunID(),
+		Client: cs, REST: rc, Namespace: k.Namespace, InstanceID: runtime.NewRunID(), Address: cfg.Server.Advertise,
 		Image: k.SandboxImage(cfg.Image), RuntimeClass: k.RuntimeClass,
 		NodeSelector: k.NodeSelector, Tolerations: tol, SchedulerName: k.SchedulerName,
 		ScheduleTimeout: k.ScheduleTimeout, LeaseDuration: k.LeaseDuration,

@@ -17,6 +17,7 @@ import { promisify } from 'node:util';
 
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
+import { ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 
 import { AIRLOCK_BIN, E2E_DIR, airlockCLI, callWith, clusterUp, kubectl, parseMetrics, waitFor } from './lib.mjs';
 
@@ -283,6 +284,43 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
       const left = (await kubectl('-n', SANDBOX_NS, 'get', 'configmap', `airlock-approval-${id}`, '--ignore-not-found', '-o', 'name')).trim();
       assert.equal(left, '', `request ${id} is still on the board after its expiry`);
     }
+  });
+
+  test('a 2025-11-25 client\'s answer by elicitation, sent to the other replica, reaches the one that asked', async () => {
+    const [ra, rb] = await replicas();
+    const base = freshFetch(token);
+    // Everything to ra, except the client's replies (its answers to ra's
+    // questions), which go to rb, as a Service may send them.
+    let replies = 0;
+    const split = (url, init = {}) => {
+      let reply = false;
+      try {
+        const m = JSON.parse(init.body ?? '');
+        reply = !m.method && m.id !== undefined && ('result' in m || 'error' in m);
+      } catch {
+        // not one JSON-RPC message
+      }
+      if (reply) replies++;
+      const u = new URL(url);
+      u.hostname = reply ? rb.ip : ra.ip;
+      return base(u.toString(), init);
+    };
+    const c = new Client({ name: 'deploy-elicit', version: '0.0.0' }, { capabilities: { elicitation: { form: {} } } });
+    let asked = 0;
+    c.setRequestHandler(ElicitRequestSchema, () => {
+      asked++;
+      return { action: 'accept', content: { approve: true } };
+    });
+    await c.connect(new StreamableHTTPClientTransport(new URL(`http://${ra.ip}:${PORT}/mcp`), { fetch: split }), { timeout: 60_000 });
+    const r = await callWith(c, 'run_shell', { command: 'echo elicited-across' }, { timeout: 300_000 });
+    assert.equal(asked, 1, 'the client was asked once');
+    assert.equal(replies, 1, 'its answer went to the other replica');
+    assert.equal(r.isError, false, r.text);
+    assert.equal(r.sc?.stdout, 'elicited-across\n');
+    const rec = (await auditLog(ra.name)).find((x) => x.id === r.sc.run_id);
+    assert.equal(rec?.decision, 'approved', JSON.stringify(rec));
+    assert.equal(rec?.channel, 'elicitation');
+    await c.close();
   });
 
   test('a replica SIGKILLed mid-run: the other serves, its pods go, its acknowledged records are in its log', async () => {
