@@ -52,13 +52,13 @@ func (m *Manager) othersServe(ctx context.Context) (bool, error) {
 	if err := m.markLeaving(ctx); err != nil {
 		return false, err
 	}
-	list, err := m.o.Client.CoordinationV1().Leases(m.o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy + "," + LabelInstance})
+	others, err := m.otherLeases(ctx)
 	if err != nil {
-		return false, fmt.Errorf("list instance leases: %w", err)
+		return false, err
 	}
 	now := time.Now()
-	for _, l := range list.Items {
-		if l.Labels[LabelInstance] == m.o.InstanceID || l.DeletionTimestamp != nil || l.Annotations[annLeaving] != "" {
+	for _, l := range others {
+		if l.Annotations[annLeaving] != "" {
 			continue
 		}
 		// Renewed within its duration: a stricter test than the sweep's.

@@ -122,13 +122,13 @@ func (l *instanceLease) stop(ctx context.Context) error {
 // returns how many it deleted. Leases of live instances, and objects
 // airlock did not label, are never touched.
 func SweepExpired(ctx context.Context, client kubernetes.Interface, namespace string, now time.Time) (int, error) {
-	list, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy + "," + LabelInstance})
+	leases, err := instanceLeases(ctx, client, namespace)
 	if err != nil {
-		return 0, fmt.Errorf("list instance leases: %w", err)
+		return 0, err
 	}
 	n := 0
 	bg := metav1.DeletePropagationBackground
-	for _, l := range list.Items {
+	for _, l := range leases {
 		if !leaseExpired(l, now) {
 			continue
 		}
@@ -162,18 +162,43 @@ func leaseExpired(l coordinationv1.Lease, now time.Time) bool {
 // instances that published one: where a client's reply this replica
 // cannot place may belong (server.HTTPOptions.Peers).
 func (m *Manager) Peers(ctx context.Context) ([]string, error) {
-	list, err := m.o.Client.CoordinationV1().Leases(m.o.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy + "," + LabelInstance})
+	others, err := m.otherLeases(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list instance leases: %w", err)
+		return nil, err
 	}
 	now := time.Now()
 	var out []string
-	for _, l := range list.Items {
+	for _, l := range others {
 		addr := l.Annotations[annAddress]
-		if addr == "" || l.Labels[LabelInstance] == m.o.InstanceID || l.DeletionTimestamp != nil || leaseExpired(l, now) {
+		if addr == "" || leaseExpired(l, now) {
 			continue
 		}
 		out = append(out, addr)
 	}
 	return out, nil
+}
+
+// instanceLeases lists the Leases of the namespace's airlock instances.
+func instanceLeases(ctx context.Context, client kubernetes.Interface, namespace string) ([]coordinationv1.Lease, error) {
+	list, err := client.CoordinationV1().Leases(namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelManagedBy + "=" + ManagedBy + "," + LabelInstance})
+	if err != nil {
+		return nil, fmt.Errorf("list instance leases: %w", err)
+	}
+	return list.Items, nil
+}
+
+// otherLeases lists the Leases of the namespace's other airlock
+// instances, leaving out those being deleted.
+func (m *Manager) otherLeases(ctx context.Context) ([]coordinationv1.Lease, error) {
+	leases, err := instanceLeases(ctx, m.o.Client, m.o.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	others := leases[:0]
+	for _, l := range leases {
+		if l.Labels[LabelInstance] != m.o.InstanceID && l.DeletionTimestamp == nil {
+			others = append(others, l)
+		}
+	}
+	return others, nil
 }
