@@ -1,5 +1,5 @@
 # The README's two commands are `sudo make serve` and `sudo make test`.
-.PHONY: serve test build unit deps image bench fuzz
+.PHONY: serve test build unit deps image bench bench-claims fuzz
 
 serve:
 	@bash scripts/serve.sh
@@ -23,6 +23,11 @@ unit:
 # The benchmark (about 50 minutes on 2 cores): bench-results/*.md, .json, .png.
 bench:
 	@bash scripts/bench.sh
+
+# Warm-pod claims on the test cluster's API server with kwok's fake nodes
+# (about 4 minutes once the cluster's binaries are built): bench-results/.
+bench-claims:
+	@bash scripts/bench-claims.sh
 
 # Every fuzz target for FUZZ_BUDGET executions or time each (default 50000x).
 fuzz:

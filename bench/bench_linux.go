@@ -358,7 +358,14 @@ func calibrate(ctx context.Context, rootfs string) (int, error) {
 }
 
 func machine(s *boot.Stack) Machine {
-	m := Machine{Cores: goruntime.NumCPU(), Go: goruntime.Version(), Shim: s.Shim, Image: s.Config.Image}
+	m := hostMachine()
+	m.Shim, m.Image = s.Shim, s.Config.Image
+	return m
+}
+
+// hostMachine is what the benchmarks report of the host itself.
+func hostMachine() Machine {
+	m := Machine{Cores: goruntime.NumCPU(), Go: goruntime.Version()}
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {

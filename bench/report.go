@@ -115,22 +115,32 @@ func (r *Report) Markdown() string {
 
 // Write saves the report as name.json, name.md and name.png in dir.
 func (r *Report) Write(dir, name string) ([]string, error) {
+	files, err := writeReport(dir, name, r, r.Markdown())
+	if err != nil {
+		return nil, err
+	}
+	png := filepath.Join(dir, name) + ".png"
+	if err := r.Chart(png); err != nil {
+		return nil, err
+	}
+	return append(files, png), nil
+}
+
+// writeReport saves v as name.json and md as name.md in dir.
+func writeReport(dir, name string, v any, md string) ([]string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
 	base := filepath.Join(dir, name)
-	j, err := json.MarshalIndent(r, "", "  ")
+	j, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return nil, err
 	}
 	if err := os.WriteFile(base+".json", append(j, '\n'), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(base+".md", []byte(r.Markdown()), 0o644); err != nil {
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
 		return nil, err
 	}
-	if err := r.Chart(base + ".png"); err != nil {
-		return nil, err
-	}
-	return []string{base + ".md", base + ".json", base + ".png"}, nil
+	return []string{base + ".md", base + ".json"}, nil
 }

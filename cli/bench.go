@@ -58,13 +58,7 @@ func (a *app) benchCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Print(rep.Markdown())
-				files, err := rep.Write(out, name)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(os.Stderr, "wrote %s (took %s)\n", strings.Join(files, ", "), rep.Took)
-				return nil
+				return printReport(rep, rep.Took, out, name)
 			})
 		},
 	}
@@ -77,5 +71,78 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&out, "out", "bench-results", "directory for the .md, .json and .png")
 	cmd.Flags().StringVar(&name, "name", "", "file name of the results (default: the UTC time)")
 	cmd.Flags().BoolVar(&smoke, "smoke", false, "a quick run that only checks every mode works (2 runs of print and echo, concurrency 1)")
+	cmd.AddCommand(a.benchClaimsCmd())
 	return cmd
+}
+
+// benchClaimsCmd is the warm-pod claim benchmark: fake nodes and pods
+// (kwok) on a real API server, claimed by replicas at rising rates.
+func (a *app) benchClaimsCmd() *cobra.Command {
+	o := bench.ClaimOptions{}
+	var rates, out, name string
+	var smoke bool
+	cmd := &cobra.Command{
+		Use:   "claims",
+		Short: "Measure warm-pod claims on a real API server: kwok's fake nodes, a pool of ready pods, replicas claiming at rising rates",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Kube == "" {
+				return fmt.Errorf("--kubeconfig is required (scripts/cluster.sh kubeconfig names the test cluster's)")
+			}
+			if smoke {
+				o.Nodes, o.Pool, o.Claims, o.Burst, rates = 3, 40, 20, 20, "20"
+			}
+			o.Rates = nil
+			for _, r := range strings.Split(rates, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(r))
+				if err != nil || n < 1 {
+					return fmt.Errorf("--rates %q: want claims a second like 25,50,100", rates)
+				}
+				o.Rates = append(o.Rates, n)
+			}
+			if o.QPS == 0 {
+				o.QPS, o.QPSBurst = a.cfg.Kubernetes.QPS, a.cfg.Kubernetes.Burst
+			}
+			if o.QPSBurst < int(o.QPS) {
+				o.QPSBurst = 2 * int(o.QPS)
+			}
+			o.Log = a.log
+			if name == "" {
+				name = time.Now().UTC().Format("2006-01-02T150405Z") + "-claims"
+			}
+			rep, err := bench.Claims(cmd.Context(), o)
+			if err != nil {
+				return err
+			}
+			return printReport(rep, rep.Took, out, name)
+		},
+	}
+	cmd.Flags().StringVar(&o.Kube, "kubeconfig", "", "the cluster (its API server takes the load; its real nodes are untouched)")
+	cmd.Flags().StringVar(&o.Kwok, "kwok", "", "the kwok binary (default: kwok on PATH)")
+	cmd.Flags().IntVar(&o.Nodes, "nodes", 50, "fake nodes")
+	cmd.Flags().IntVar(&o.Pool, "pool", 1000, "ready warm pods before each step")
+	cmd.Flags().IntVar(&o.Replicas, "replicas", 2, "claimers, each with its own client and watch, as airlock replicas")
+	cmd.Flags().StringVar(&rates, "rates", "25,50,100,200", "claims a second, one step each")
+	cmd.Flags().IntVar(&o.Claims, "claims", 500, "claims per rate")
+	cmd.Flags().IntVar(&o.Burst, "burst", 300, "claims sent at once in the last step (0: none)")
+	cmd.Flags().Float64Var(&o.QPS, "qps", 0, "each replica's requests a second to the API server (default: kubernetes.qps)")
+	cmd.Flags().IntVar(&o.QPSBurst, "qps-burst", 0, "each replica's burst above --qps (default: kubernetes.burst, or twice --qps)")
+	cmd.Flags().StringVar(&out, "out", "bench-results", "directory for the .md and .json")
+	cmd.Flags().StringVar(&name, "name", "", "file name of the results (default: the UTC time and -claims)")
+	cmd.Flags().BoolVar(&smoke, "smoke", false, "a quick run that only checks it works (3 nodes, 40 pods, 20 claims at 20/s and 20 at once)")
+	return cmd
+}
+
+// printReport prints a benchmark's table and saves its files.
+func printReport(rep interface {
+	Markdown() string
+	Write(dir, name string) ([]string, error)
+}, took, out, name string) error {
+	fmt.Print(rep.Markdown())
+	files, err := rep.Write(out, name)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s (took %s)\n", strings.Join(files, ", "), took)
+	return nil
 }

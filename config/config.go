@@ -288,6 +288,11 @@ type KubernetesConfig struct {
 	// instance silent for twice as long is dead to the others, which
 	// remove its pods.
 	LeaseDuration time.Duration `mapstructure:"lease_duration"`
+	// QPS and Burst bound this instance's requests to the API server (a
+	// token bucket: Burst at once, QPS a second after). client-go's own
+	// default, 5 a second, would cap a replica at a few runs a second.
+	QPS   float64 `mapstructure:"qps"`
+	Burst int     `mapstructure:"burst"`
 }
 
 // TolerationConfig is one toleration of sandbox pods, as in a pod spec.
@@ -344,7 +349,7 @@ func Defaults() Config {
 		Log:        LogConfig{Level: "info", Format: "text"},
 		Containerd: ContainerdConfig{Namespace: "airlock", Binary: "containerd"},
 		Runtime:    RuntimeConfig{Backend: BackendContainerd, Shim: ShimAuto, Runsc: "runsc"},
-		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second, LeaseDuration: 30 * time.Second},
+		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second, LeaseDuration: 30 * time.Second, QPS: 100, Burst: 200},
 		Image:      DefaultImage,
 		Limits: Limits{
 			TimeoutS:    30,
@@ -416,6 +421,8 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("kubernetes.scheduler_name", d.Kubernetes.SchedulerName)
 	v.SetDefault("kubernetes.schedule_timeout", d.Kubernetes.ScheduleTimeout)
 	v.SetDefault("kubernetes.lease_duration", d.Kubernetes.LeaseDuration)
+	v.SetDefault("kubernetes.qps", d.Kubernetes.QPS)
+	v.SetDefault("kubernetes.burst", d.Kubernetes.Burst)
 	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
 	v.SetDefault("runtime.runsc_flags", d.Runtime.RunscFlags)
 	v.SetDefault("image", d.Image)
@@ -557,6 +564,10 @@ func (c Config) Validate() error {
 			"kubernetes.schedule_timeout must be at least 1s (write it with a unit: 60s)"},
 		{c.Runtime.Backend != BackendKubernetes || (c.Kubernetes.LeaseDuration >= 3*time.Second && c.Kubernetes.LeaseDuration <= time.Hour),
 			"kubernetes.lease_duration must be from 3s to 1h (write it with a unit: 30s)"},
+		{c.Runtime.Backend != BackendKubernetes || (c.Kubernetes.QPS >= 1 && c.Kubernetes.QPS <= 10000),
+			"kubernetes.qps must be from 1 to 10000 (requests a second to the API server)"},
+		{c.Runtime.Backend != BackendKubernetes || (c.Kubernetes.Burst >= 1 && float64(c.Kubernetes.Burst) >= c.Kubernetes.QPS),
+			"kubernetes.burst must be at least 1 and at least kubernetes.qps"},
 		{c.Runtime.Backend != BackendKubernetes || !c.Network.Enabled(),
 			"the kubernetes backend offers no networked runs yet: leave network.allow_domains empty"},
 		{l.TimeoutS >= 1, "limits.timeout_s must be at least 1"},

@@ -92,6 +92,14 @@ func TestValidateNamesTheKey(t *testing.T) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Kubernetes.LeaseDuration = time.Second
 		},
+		"kubernetes.qps": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Kubernetes.QPS = 0
+		},
+		"kubernetes.burst": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Kubernetes.Burst = 10
+		},
 		"network.allow_domains": func(c *Config) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Network.AllowDomains = []string{"pypi.org"}

@@ -4,7 +4,8 @@
 # kube-scheduler, kubelet, kubectl, kubeadm and kube-proxy from
 # k8s.io/kubernetes, etcd
 # from go.etcd.io/etcd/server, the pause container from pause.c in the
-# kubernetes module, and the gVisor shim for pods. Nothing is pulled from a
+# kubernetes module, the gVisor shim for pods, and kwok (fake nodes, for
+# the claim benchmark). Nothing is pulled from a
 # registry.
 #
 # k8s.io/kubernetes cannot be built with `go install`: its go.mod replaces
@@ -19,6 +20,8 @@ command -v go >/dev/null || export PATH="/usr/local/go/bin:$PATH"
 KUBE_VERSION="v1.37.2"
 STAGING_VERSION="v0.37.2"
 ETCD_VERSION="v3.6.17"
+# kwok: fake nodes and pods for the claim benchmark (`airlock bench claims`).
+KWOK_VERSION="v0.8.0"
 # The gVisor shim of install-deps.sh (its pin), built again with one change.
 GVISOR_VERSION=$(sed -n 's/^GVISOR_VERSION="\(.*\)"$/\1/p' "$(dirname "$0")/install-deps.sh")
 K8S_DIR="${AIRLOCK_K8S_DIR:-/usr/local/lib/airlock/k8s}"
@@ -149,6 +152,16 @@ else
   (cd "$work/shim" && GOFLAGS=-mod=mod go mod tidy >/dev/null && CGO_ENABLED=0 GOFLAGS="-mod=mod -buildvcs=false" go build -trimpath -o "$BIN/containerd-shim-runsc-v1.new" gvisor.dev/gvisor/shim)
   mv -f "$BIN/containerd-shim-runsc-v1.new" "$BIN/containerd-shim-runsc-v1"
   mark shim "$SHIM_STAMP"
+fi
+
+# 5. kwok: `go install` works for it (about 3 minutes on 2 cores).
+if done_part kwok "$KWOK_VERSION" kwok; then
+  log "kwok $KWOK_VERSION present"
+else
+  log "building kwok $KWOK_VERSION"
+  GOBIN="$work/kwokbin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  mv -f "$work/kwokbin/kwok" "$BIN/kwok"
+  mark kwok "$KWOK_VERSION"
 fi
 
 log "ok: binaries in $BIN"

@@ -59,6 +59,10 @@ bash scripts/fuzz.sh
 step "benchmark smoke (every mode works; numbers not asserted)"
 ./bin/airlock bench --smoke --kubeconfig "$(bash scripts/cluster.sh kubeconfig)" --log-level warn --out "$(mktemp -d)" >/dev/null
 
+step "claim benchmark smoke (kwok's fake nodes: no pod claimed twice, nothing left behind)"
+./bin/airlock bench claims --smoke --kwok "${AIRLOCK_K8S_DIR:-/usr/local/lib/airlock/k8s}/bin/kwok" \
+  --kubeconfig "$(bash scripts/cluster.sh kubeconfig)" --log-level warn --out "$(mktemp -d)" >/dev/null
+
 step "end-to-end (TypeScript MCP SDK over stdio; approval console in Chromium)"
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error && AIRLOCK_BIN="$PWD/../../bin/airlock" node --test --test-concurrency=1)
 

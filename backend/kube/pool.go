@@ -5,13 +5,11 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -32,18 +30,15 @@ const (
 
 // pool keeps warm pods: PoolSize per airlock instance, each with its driver
 // started and Python's modules imported. Any instance on the namespace
-// whose pods have the same shape may take any ready one: the claim is an
-// update of the pod (labels, owner) that carries the resourceVersion it
-// was read at, so of two instances claiming one pod the API server lets
-// exactly one succeed; the other gets a conflict and tries the next. A
-// taken pod is never handed out again: it leaves the "ready" selector in
-// the same write, and it is deleted after its run.
+// whose pods have the same shape may take any ready one, through its
+// Claimer; a taken pod is deleted after its run.
 type pool struct {
 	m       *Manager
 	size    int
 	limits  runtime.Limits
 	shape   string
 	maxIdle time.Duration
+	claimer *Claimer
 	wake    chan struct{}
 	done    chan struct{}
 	wg      sync.WaitGroup
@@ -63,6 +58,8 @@ func newPool(m *Manager) *pool {
 	p := &pool{m: m, size: m.o.PoolSize, limits: m.o.PoolLimits, maxIdle: m.o.PoolMaxIdle,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	p.shape = shapeOf(m.o)
+	p.claimer = NewClaimer(ClaimerOptions{Client: m.o.Client, Namespace: m.o.Namespace, Shape: p.shape,
+		Instance: m.o.InstanceID, Owner: m.lease.owner(), MaxTimeout: m.o.MaxTimeout, Log: m.o.Log})
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.wg.Add(1)
 	go p.fill()
@@ -99,74 +96,18 @@ func (p *pool) kick() {
 // none is ready (or every one was claimed first by another instance).
 func (p *pool) take(ctx context.Context, runID string) *pod {
 	defer p.kick()
-	o := p.m.o
-	pods := o.Client.CoreV1().Pods(o.Namespace)
-	list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: fmt.Sprintf("%s=%s,%s=ready,%s=%s", LabelManagedBy, ManagedBy, LabelPool, LabelShape, p.shape)})
-	if err != nil {
-		o.Log.Warn("list warm pods", "err", err)
+	po := p.claimer.Claim(ctx, runID)
+	if po == nil {
 		return nil
 	}
-	// In random order: instances claiming at once rarely collide.
-	items := list.Items
-	rand.Shuffle(len(items), func(i, j int) { items[i], items[j] = items[j], items[i] })
-	for i := range items {
-		po := &items[i]
-		if po.DeletionTimestamp != nil {
-			continue
-		}
-		po.Labels[LabelRun] = runID
-		if !p.claim(ctx, po) {
-			continue // another instance took it, or it is gone
-		}
-		s := p.m.newPod(po.Name, o.Log.With("pod", po.Name, "run", runID))
-		if err := s.attach(ctx); err != nil {
-			o.Log.Warn("attach to warm pod; starting a cold one", "pod", po.Name, "err", err)
-			p.m.teardowns.Start(s.destroy, nil)
-			return nil
-		}
-		return s
-	}
-	return nil
-}
-
-// claim takes a ready pod for this instance: labels, owner and a tighter
-// deadline in one update at the resourceVersion it was read at. A conflict
-// from the kubelet's own status writes is retried while the pod is still
-// ready; one from another instance's claim ends it.
-func (p *pool) claim(ctx context.Context, po *corev1.Pod) bool {
 	o := p.m.o
-	pods := o.Client.CoreV1().Pods(o.Namespace)
-	runID := po.Labels[LabelRun]
-	for attempt := 0; attempt < 3; attempt++ {
-		if po.Labels[LabelPool] != "ready" || po.DeletionTimestamp != nil {
-			return false
-		}
-		po.Labels[LabelPool] = "taken"
-		po.Labels[LabelRun] = runID
-		po.Labels[LabelInstance] = o.InstanceID
-		po.OwnerReferences = []metav1.OwnerReference{p.m.lease.owner()}
-		if po.Status.StartTime != nil {
-			// Tighten the backstop to a run (it may only go down).
-			d := int64(time.Since(po.Status.StartTime.Time)/time.Second) + int64((o.MaxTimeout+time.Minute)/time.Second)
-			if po.Spec.ActiveDeadlineSeconds == nil || d < *po.Spec.ActiveDeadlineSeconds {
-				po.Spec.ActiveDeadlineSeconds = &d
-			}
-		}
-		_, err := pods.Update(ctx, po, metav1.UpdateOptions{})
-		if err == nil {
-			return true
-		}
-		if !apierrors.IsConflict(err) {
-			if !apierrors.IsNotFound(err) {
-				o.Log.Warn("claim warm pod", "pod", po.Name, "err", err)
-			}
-			return false
-		}
-		if po, err = pods.Get(ctx, po.Name, metav1.GetOptions{}); err != nil {
-			return false
-		}
+	s := p.m.newPod(po.Name, o.Log.With("pod", po.Name, "run", runID))
+	if err := s.attach(ctx); err != nil {
+		o.Log.Warn("attach to warm pod; starting a cold one", "pod", po.Name, "err", err)
+		p.m.teardowns.Start(s.destroy, nil)
+		return nil
 	}
-	return false
+	return s
 }
 
 // fill keeps this instance's warm pods at size, retiring those idle for
@@ -297,4 +238,5 @@ func (p *pool) stop() {
 	close(p.done)
 	p.cancel()
 	p.wg.Wait()
+	p.claimer.Stop()
 }

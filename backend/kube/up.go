@@ -29,6 +29,11 @@ func Connect(k config.KubernetesConfig) (*kubernetes.Clientset, *rest.Config, er
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes backend: cluster config (kubernetes.kubeconfig): %w", err)
 	}
+	// Zero leaves client-go's 5 a second; a config built by hand (a
+	// test's) may say nothing.
+	if k.QPS > 0 {
+		cfg.QPS, cfg.Burst = float32(k.QPS), max(k.Burst, 1)
+	}
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubernetes backend: client: %w", err)
