@@ -160,7 +160,7 @@ func Claims(ctx context.Context, o ClaimOptions) (rep *ClaimReport, err error) {
 			return nil, err
 		}
 		// Refill: the claimed pods go (as after their runs), new ones come.
-		if err := env.deletePods(ctx, names); err != nil {
+		if err := env.deleteTaken(ctx); err != nil {
 			return nil, err
 		}
 		if err := env.fill(ctx, o.Pool); err != nil {
@@ -235,9 +235,8 @@ func claimStep(ctx context.Context, claimers []*kube.Claimer, rate, n int) (Clai
 		row.PerSecond = float64(row.Claimed) / took
 	}
 	sort.Slice(ok, func(i, j int) bool { return ok[i] < ok[j] })
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	if len(ok) > 0 {
-		row.P50, row.P90, row.P99, row.Max = ms(percentile(ok, 50)), ms(percentile(ok, 90)), ms(percentile(ok, 99)), ms(ok[len(ok)-1])
+		row.P50, row.P90, row.P99, row.Max = millis(percentile(ok, 50)), millis(percentile(ok, 90)), millis(percentile(ok, 99)), millis(ok[len(ok)-1])
 	}
 	return row, got
 }
@@ -310,9 +309,8 @@ func (e *kwokEnv) shape() string { return "bench-" + e.id }
 // setUp makes the namespace and the fake nodes, and waits until kwok says
 // every node is Ready.
 func (e *kwokEnv) setUp(ctx context.Context, nodes int) error {
-	if _, err := e.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: e.ns,
-		Labels: map[string]string{benchLabel: e.id}}}, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create namespace %s: %w", e.ns, err)
+	if err := createNamespace(ctx, e.client, e.ns, map[string]string{benchLabel: e.id}); err != nil {
+		return err
 	}
 	for i := 0; i < nodes; i++ {
 		name := fmt.Sprintf("airlock-kwok-%s-%d", e.id, i)
@@ -472,8 +470,8 @@ func (e *kwokEnv) check(ctx context.Context, names []string) error {
 	return nil
 }
 
-// deletePods deletes the claimed pods and waits until they are gone.
-func (e *kwokEnv) deletePods(ctx context.Context, names []string) error {
+// deleteTaken deletes the claimed pods and waits until they are gone.
+func (e *kwokEnv) deleteTaken(ctx context.Context) error {
 	pods := e.client.CoreV1().Pods(e.ns)
 	grace := int64(0)
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace},
@@ -493,12 +491,7 @@ func (e *kwokEnv) close() error {
 	defer cancel()
 	grace := int64(0)
 	_ = e.client.CoreV1().Pods(e.ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &grace}, metav1.ListOptions{})
-	_ = e.client.CoreV1().Namespaces().Delete(ctx, e.ns, metav1.DeleteOptions{})
-	var errs []error
-	errs = append(errs, waitUntil(ctx, 3*time.Minute, "namespace "+e.ns+" gone", func() (bool, error) {
-		_, err := e.client.CoreV1().Namespaces().Get(ctx, e.ns, metav1.GetOptions{})
-		return apierrors.IsNotFound(err), nil
-	}))
+	errs := []error{deleteNamespace(ctx, e.client, e.ns, 3*time.Minute)}
 	for _, n := range e.nodes {
 		if err := e.client.CoreV1().Nodes().Delete(ctx, n, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, err)

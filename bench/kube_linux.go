@@ -56,35 +56,45 @@ func newKubeEnv(ctx context.Context, kubeconfig string, base config.KubernetesCo
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	k.Namespace = "airlock-bench-" + hex.EncodeToString(b)
-	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: k.Namespace}}, metav1.CreateOptions{}); err != nil {
-		return nil, fmt.Errorf("create namespace %s: %w", k.Namespace, err)
+	if err := createNamespace(ctx, cs, k.Namespace, nil); err != nil {
+		return nil, err
 	}
-	e := &kubeEnv{cfg: k, client: cs, namespace: k.Namespace}
-	// Pods are refused until the namespace's default service account exists.
-	for {
-		if _, err := cs.CoreV1().ServiceAccounts(k.Namespace).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			return e, nil
-		}
-		select {
-		case <-ctx.Done():
-			e.close()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return &kubeEnv{cfg: k, client: cs, namespace: k.Namespace}, nil
 }
 
 // close deletes the namespace and waits until it is gone.
 func (e *kubeEnv) close() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	_ = e.client.CoreV1().Namespaces().Delete(ctx, e.namespace, metav1.DeleteOptions{})
-	for ctx.Err() == nil {
-		if _, err := e.client.CoreV1().Namespaces().Get(ctx, e.namespace, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			return
-		}
-		time.Sleep(200 * time.Millisecond)
+	_ = deleteNamespace(ctx, e.client, e.namespace, 2*time.Minute)
+}
+
+// createNamespace makes a namespace of the benchmark's own and waits until
+// pods may go there: they are refused until its default service account
+// exists. A namespace that cannot be used is deleted again.
+func createNamespace(ctx context.Context, cs kubernetes.Interface, name string, labels map[string]string) error {
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", name, err)
 	}
+	err := waitUntil(ctx, time.Minute, "the default service account of "+name, func() (bool, error) {
+		_, err := cs.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = deleteNamespace(dctx, cs, name, 2*time.Minute)
+	}
+	return err
+}
+
+// deleteNamespace deletes a namespace and waits until it is gone.
+func deleteNamespace(ctx context.Context, cs kubernetes.Interface, name string, limit time.Duration) error {
+	_ = cs.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{})
+	return waitUntil(ctx, limit, "namespace "+name+" gone", func() (bool, error) {
+		_, err := cs.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
 }
 
 // count is how many of airlock's pods in the namespace match selector.

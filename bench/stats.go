@@ -43,16 +43,18 @@ func summarize(r *Result, lat []time.Duration) {
 		return
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	var sum time.Duration
 	for _, d := range lat {
 		sum += d
 	}
-	r.P50 = ms(percentile(lat, 50))
-	r.P95 = ms(percentile(lat, 95))
-	r.P99 = ms(percentile(lat, 99))
-	r.Mean = ms(sum / time.Duration(len(lat)))
+	r.P50 = millis(percentile(lat, 50))
+	r.P95 = millis(percentile(lat, 95))
+	r.P99 = millis(percentile(lat, 99))
+	r.Mean = millis(sum / time.Duration(len(lat)))
 }
+
+// millis is d in milliseconds, to the microsecond.
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // percentile is the nearest-rank percentile of sorted samples.
 func percentile(sorted []time.Duration, p float64) time.Duration {

@@ -58,8 +58,8 @@ type ClaimerOptions struct {
 	Log        *slog.Logger
 }
 
-// ReadySelector selects the ready warm pods of shape.
-func ReadySelector(shape string) string {
+// readySelector selects the ready warm pods of shape.
+func readySelector(shape string) string {
 	return fmt.Sprintf("%s=%s,%s=ready,%s=%s", LabelManagedBy, ManagedBy, LabelPool, LabelShape, shape)
 }
 
@@ -69,7 +69,7 @@ func NewClaimer(o ClaimerOptions) *Claimer {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithNamespace(o.Namespace),
-		informers.WithTweakListOptions(func(l *metav1.ListOptions) { l.LabelSelector = ReadySelector(o.Shape) }))
+		informers.WithTweakListOptions(func(l *metav1.ListOptions) { l.LabelSelector = readySelector(o.Shape) }))
 	c := &Claimer{pods: o.Client.CoreV1().Pods(o.Namespace), instance: o.Instance, owner: o.Owner,
 		maxTimeout: o.MaxTimeout, log: o.Log, informer: f.Core().V1().Pods().Informer(),
 		stop: make(chan struct{}), mine: map[string]bool{}}
@@ -137,7 +137,7 @@ func (c *Claimer) Claim(ctx context.Context, runID string) *corev1.Pod {
 		// watch may have reported the pod taken: read the cache again.
 		if cur, ok, _ := c.informer.GetStore().Get(po); !ok {
 			continue
-		} else if po, ok = cur.(*corev1.Pod); !ok || po.DeletionTimestamp != nil || !c.reserve(po.Name) {
+		} else if po, ok = cur.(*corev1.Pod); !ok || !c.reserve(po.Name) {
 			continue
 		}
 		if ctx.Err() != nil {
