@@ -25,7 +25,7 @@ bench:
 	@bash scripts/bench.sh
 
 # Warm-pod claims on the test cluster's API server with kwok's fake nodes
-# (about 4 minutes once the cluster's binaries are built): bench-results/.
+# (about 3 minutes once the cluster's binaries are built): bench-results/.
 bench-claims:
 	@bash scripts/bench-claims.sh
 
