@@ -12,7 +12,9 @@
 # services (10.217.16.0/24) are routed to the bridge and proxied by
 # kube-proxy (nftables mode, its node ports only on the bridge address), so
 # no service address ever leaves the machine. gVisor runs sandbox pods with
-# network "none": loopback only.
+# network "none": loopback only. kube-router's NetworkPolicy controller
+# (nothing else of it: no routing, service proxy, CNI or BGP) enforces
+# NetworkPolicy with iptables and ipset in the host's filter table.
 #
 # `up` is idempotent: a healthy cluster is left as it is. `down` stops it
 # and removes its pods, mounts, network and state.
@@ -95,6 +97,7 @@ wait_for() {
 healthy() {
   [[ -f "$KUBECONFIG_ADMIN" ]] || return 1
   pid_alive kube-proxy || return 1
+  pid_alive kube-router || return 1
   kubectl get --raw /readyz >/dev/null 2>&1 || return 1
   [[ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]] || return 1
   kubectl get runtimeclass gvisor >/dev/null 2>&1
@@ -334,6 +337,19 @@ EOF
   wait_for "kube-proxy's nftables table" kube-proxy 60 nft list table ip kube-proxy
 }
 
+# netpol_up: kube-router as the NetworkPolicy enforcer. Its chains hang
+# off INPUT, FORWARD and OUTPUT and match pod addresses only; pods on the
+# bridge pass through them because bridged traffic is sent to iptables
+# (bridge-nf-call-iptables, which the kernel here has on).
+netpol_up() {
+  [[ -x "$BIN/kube-router" ]] || die "no kube-router in $BIN: run scripts/install-k8s.sh"
+  command -v ipset >/dev/null || die "no ipset: run scripts/install-k8s.sh"
+  start kube-router "$BIN/kube-router" --kubeconfig "$KUBECONFIG_ADMIN" --hostname-override "$NODE" \
+    --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+    --enable-pod-egress=false --service-cluster-ip-range "$SERVICE_CIDR" --health-port 0 --metrics-port 0
+  wait_for "kube-router's chains" kube-router 60 iptables -S KUBE-ROUTER-FORWARD
+}
+
 objects_up() {
   kubectl apply -f - >/dev/null <<EOF
 apiVersion: node.k8s.io/v1
@@ -370,6 +386,7 @@ up() {
   control_plane_up
   kubelet_up
   proxy_up
+  netpol_up
   objects_up
   log "cluster up: KUBECONFIG=$KUBECONFIG_ADMIN"
 }
@@ -396,11 +413,20 @@ iptables_clean() {
   done
 }
 
+# kube-router's ipsets (KUBE-SRC-*, KUBE-DST-*, ...), once no rule
+# refers to them (iptables_clean first).
+ipsets_clean() {
+  command -v ipset >/dev/null || return 0
+  ipset list -n 2>/dev/null | { grep -E '^(inet6:)?KUBE-' || true; } | while read -r set; do
+    ipset destroy "$set" 2>/dev/null || true
+  done
+}
+
 down() {
   if [[ -f "$KUBECONFIG_ADMIN" ]] && pid_alive kube-apiserver; then
     kubectl delete pods --all --all-namespaces --grace-period=0 --force --wait=false >/dev/null 2>&1 || true
   fi
-  for c in kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
+  for c in kube-router kube-proxy kubelet kube-scheduler kube-controller-manager kube-apiserver etcd; do stop "$c"; done
   if pid_alive containerd; then
     # Pod sandboxes go with their shims.
     in_ns /usr/local/bin/ctr --address "$CTRD_SOCK" -n k8s.io tasks ls -q 2>/dev/null | while read -r t; do
@@ -416,6 +442,7 @@ down() {
   nft delete table ip kube-proxy 2>/dev/null || true
   nft delete table ip6 kube-proxy 2>/dev/null || true
   iptables_clean
+  ipsets_clean
   ip link del "$BRIDGE" 2>/dev/null || true
   rm -rf "$RUN" "$STATE"
   cgroups_clean || die "cgroups under /sys/fs/cgroup/*/airlock-k8s still hold processes"

@@ -5,7 +5,8 @@
 # k8s.io/kubernetes, etcd
 # from go.etcd.io/etcd/server, the pause container from pause.c in the
 # kubernetes module, the gVisor shim for pods, and kwok (fake nodes, for
-# the claim benchmark). Nothing is pulled from a
+# the claim benchmark), helm, and kube-router (NetworkPolicy) with the
+# ipset tool it calls. Nothing is pulled from a
 # registry.
 #
 # k8s.io/kubernetes cannot be built with `go install`: its go.mod replaces
@@ -22,6 +23,14 @@ STAGING_VERSION="v0.37.2"
 ETCD_VERSION="v3.6.17"
 # kwok: fake nodes and pods for the claim benchmark (`airlock bench claims`).
 KWOK_VERSION="v0.8.0"
+# helm: renders and lints deploy/helm/airlock in backend/kube's tests.
+HELM_VERSION="v4.3.2"
+# kube-router: only its NetworkPolicy controller (iptables + ipset), the
+# test cluster's enforcer; kube-network-policies needs nft queue, which
+# this kernel lacks. v2.1.0 is the one version on the module proxy (it
+# flags reported flaws in it): it runs with its router, service proxy, CNI
+# and BGP off, on a cluster that never leaves this machine.
+KUBE_ROUTER_VERSION="v2.1.0"
 # The gVisor shim of install-deps.sh (its pin), built again with one change.
 GVISOR_VERSION=$(sed -n 's/^GVISOR_VERSION="\(.*\)"$/\1/p' "$(dirname "$0")/install-deps.sh")
 K8S_DIR="${AIRLOCK_K8S_DIR:-/usr/local/lib/airlock/k8s}"
@@ -162,6 +171,35 @@ else
   GOBIN="$work/kwokbin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
   mv -f "$work/kwokbin/kwok" "$BIN/kwok"
   mark kwok "$KWOK_VERSION"
+fi
+
+# 6. helm: `go install` works for it too. Its version string is set at link
+# time, as helm's own Makefile does, or `helm version` says only "v4.3".
+if done_part helm "$HELM_VERSION" helm; then
+  log "helm $HELM_VERSION present"
+else
+  log "building helm $HELM_VERSION"
+  GOBIN="$work/helmbin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath \
+    -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" "helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+  mv -f "$work/helmbin/helm" "$BIN/helm"
+  mark helm "$HELM_VERSION"
+fi
+
+# 7. kube-router, and Debian's ipset, which it runs.
+if ! command -v ipset >/dev/null; then
+  log "apt-get install ipset"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends ipset >/dev/null
+fi
+if done_part kube-router "$KUBE_ROUTER_VERSION" kube-router; then
+  log "kube-router $KUBE_ROUTER_VERSION present"
+else
+  log "building kube-router $KUBE_ROUTER_VERSION"
+  GOBIN="$work/krbin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false go install -trimpath -ldflags "-s -w" \
+    "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+  mv -f "$work/krbin/kube-router" "$BIN/kube-router"
+  mark kube-router "$KUBE_ROUTER_VERSION"
 fi
 
 log "ok: binaries in $BIN"

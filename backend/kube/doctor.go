@@ -56,7 +56,8 @@ var Permissions = []Permission{
 // Doctor checks the cluster for what the Kubernetes backend needs, and
 // names the fix for each problem: the API server, the namespace, each
 // permission (by SelfSubjectAccessReview), the RuntimeClass, and that a
-// pod really runs under gVisor with no network.
+// pod really runs under gVisor with no network; and warns when nothing
+// enforces a deny-all NetworkPolicy in the namespace (a canary pod).
 func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.Check {
 	k := cfg.Kubernetes
 	var out []checks.Check
@@ -90,7 +91,8 @@ func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.C
 			return append(out, checks.Check{Name: "sandbox pod", Detail: "not tried: fix the problems above first"})
 		}
 	}
-	return append(out, probePod(ctx, cfg, log)...)
+	out = append(out, probePod(ctx, cfg, log)...)
+	return append(out, policyCanary(ctx, cs, cfg))
 }
 
 // permissionChecks asks the API server, for each permission, whether

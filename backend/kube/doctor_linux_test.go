@@ -34,10 +34,18 @@ func TestDoctorOnCluster(t *testing.T) {
 	if !checks.Print(&out, Doctor(context.Background(), cfg, log)) {
 		t.Fatalf("doctor failed as the cluster admin:\n%s", out.String())
 	}
-	for _, want := range []string{"ok   permissions", "ok   gvisor", "ok   network      interfaces: lo"} {
+	// The test's namespace has no NetworkPolicy: the canary reaches the
+	// API server, which the doctor reports without failing.
+	for _, want := range []string{"ok   permissions", "ok   gvisor", "ok   network      interfaces: lo",
+		"WARN network policy NOT enforced in " + ns + ": a canary pod connected to the API server's service", "fix: apply a deny-all NetworkPolicy"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+	// With the base's policy, the cluster's enforcer holds the canary in.
+	applyPolicy(t, cs, ns)
+	if c := policyCanary(context.Background(), cs, cfg); !c.OK || c.Warn || !strings.Contains(c.Detail, "enforced in "+ns+": a canary pod could not connect") {
+		t.Errorf("canary under the base's policy: %+v; want enforced", c)
 	}
 
 	// A service account nobody granted anything.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,29 +27,51 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// kubectl is the test cluster's kubectl (install-k8s.sh).
-func kubectl(t *testing.T) string {
-	t.Helper()
+// k8sBin is the path of one of the binaries install-k8s.sh builds.
+func k8sBin(name string) string {
 	dir := os.Getenv("AIRLOCK_K8S_DIR")
 	if dir == "" {
 		dir = "/usr/local/lib/airlock/k8s"
 	}
-	p := filepath.Join(dir, "bin", "kubectl")
+	return filepath.Join(dir, "bin", name)
+}
+
+// kubectl is the test cluster's kubectl (install-k8s.sh).
+func kubectl(t *testing.T) string {
+	t.Helper()
+	p := k8sBin("kubectl")
 	if _, err := os.Stat(p); err != nil {
 		t.Fatalf("kubectl: %v (run scripts/install-k8s.sh)", err)
 	}
 	return p
 }
 
-// renderBase is `kubectl kustomize deploy/kubernetes`, decoded, with the
-// two namespaces and the cluster-wide names made the test's own so that
-// the test shares nothing with a real deployment or another test.
-func renderBase(t *testing.T, suffix string) (objs []kruntime.Object, nsAirlock, nsSandboxes string) {
+// kustomizeBase is `kubectl kustomize deploy/kubernetes`: the objects a
+// platform team applies, ConfigMap included.
+func kustomizeBase(t *testing.T) []kruntime.Object {
 	t.Helper()
 	out, err := exec.Command(kubectl(t), "kustomize", manifestDir).Output()
 	if err != nil {
-		t.Fatalf("kubectl kustomize %s: %v", manifestDir, err)
+		t.Fatalf("kubectl kustomize %s: %v%s", manifestDir, err, stderrOf(err))
 	}
+	return decodeManifests(t, bytes.NewReader(out))
+}
+
+// stderrOf is what a failed command wrote to stderr, for the failure
+// message: exec's error alone says only "exit status 1".
+func stderrOf(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(ee.Stderr) > 0 {
+		return "\n" + strings.TrimSpace(string(ee.Stderr))
+	}
+	return ""
+}
+
+// renderBase is kustomizeBase with the two namespaces and the
+// cluster-wide names made the test's own so that the test shares nothing
+// with a real deployment or another test.
+func renderBase(t *testing.T, suffix string) (objs []kruntime.Object, nsAirlock, nsSandboxes string) {
+	t.Helper()
 	nsAirlock, nsSandboxes = "airlock-"+suffix, "airlock-sandboxes-"+suffix
 	rename := func(ns string) string {
 		switch ns {
@@ -58,7 +82,7 @@ func renderBase(t *testing.T, suffix string) (objs []kruntime.Object, nsAirlock,
 		}
 		return ns
 	}
-	for _, obj := range decodeManifests(t, bytes.NewReader(out)) {
+	for _, obj := range kustomizeBase(t) {
 		m, err := meta.Accessor(obj)
 		if err != nil {
 			t.Fatal(err)
@@ -127,6 +151,8 @@ func createBase(t *testing.T, cs *kubernetes.Clientset, objs []kruntime.Object) 
 			_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
 			name := o.Name
 			undo = append(undo, func() error { return cs.RbacV1().ClusterRoleBindings().Delete(ctx, name, metav1.DeleteOptions{}) })
+		case *networkingv1.NetworkPolicy:
+			_, err = cs.NetworkingV1().NetworkPolicies(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 		case *nodev1.RuntimeClass:
 			// The test cluster has it (cluster.sh); it must match.
 			var rc *nodev1.RuntimeClass

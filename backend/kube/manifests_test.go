@@ -92,30 +92,53 @@ func grants(rules []rbacv1.PolicyRule) []string {
 	return out
 }
 
+// deployment is what a rendering of the manifests should deploy: the base's
+// names, or the values a chart rendering was given.
+type deployment struct {
+	namespace    string // airlock's own
+	sandboxes    string // the sandbox pods'
+	runtimeClass string
+	replicas     int32
+}
+
+// baseDeployment is what the kustomize base deploys.
+var baseDeployment = deployment{namespace: "airlock", sandboxes: "airlock-sandboxes", runtimeClass: "gvisor", replicas: 2}
+
 // The base's RBAC grants exactly the backend's Permissions: the
 // namespaced ones by a Role in the sandbox namespace only, the cluster
 // ones by name; no wildcard, no Secret, nothing else.
 func TestManifestsLeastPrivilege(t *testing.T) {
-	var want, wantCluster []string
+	checkLeastPrivilege(t, baseObjects(t), baseDeployment)
+}
+
+// checkLeastPrivilege checks that objs grant exactly the backend's
+// Permissions: the namespaced ones by one Role, bound in want.sandboxes
+// only; the cluster ones by one ClusterRole limited to want's sandbox
+// namespace and RuntimeClass by name.
+func checkLeastPrivilege(t *testing.T, objs []kruntime.Object, want deployment) {
+	t.Helper()
+	var wantNS, wantCluster []string
 	for _, p := range Permissions {
 		if p.Cluster {
 			wantCluster = append(wantCluster, p.String())
 		} else {
-			want = append(want, p.String())
+			wantNS = append(wantNS, p.String())
 		}
 	}
-	sort.Strings(want)
+	sort.Strings(wantNS)
 	sort.Strings(wantCluster)
+	// The one name each cluster-wide resource may be read by.
+	wantNames := map[string]string{"namespaces": want.sandboxes, "runtimeclasses": want.runtimeClass}
 	var roles, clusterRoles int
-	for _, obj := range baseObjects(t) {
+	for _, obj := range objs {
 		switch o := obj.(type) {
 		case *rbacv1.Role:
 			roles++
-			if o.Namespace != "airlock-sandboxes" {
-				t.Errorf("Role %s in namespace %q; want only the sandbox namespace", o.Name, o.Namespace)
+			if o.Namespace != want.sandboxes {
+				t.Errorf("Role %s in namespace %q; want only the sandbox namespace %q", o.Name, o.Namespace, want.sandboxes)
 			}
-			if got := grants(o.Rules); !slices.Equal(got, want) {
-				t.Errorf("Role grants %v\nwant exactly %v", got, want)
+			if got := grants(o.Rules); !slices.Equal(got, wantNS) {
+				t.Errorf("Role grants %v\nwant exactly %v", got, wantNS)
 			}
 		case *rbacv1.ClusterRole:
 			clusterRoles++
@@ -125,11 +148,20 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 			for _, r := range o.Rules {
 				if len(r.ResourceNames) != 1 {
 					t.Errorf("ClusterRole rule %v is not limited to one name", r)
+					continue
+				}
+				for _, res := range r.Resources {
+					if r.ResourceNames[0] != wantNames[res] {
+						t.Errorf("ClusterRole lets %s %q be read; want only %q", res, r.ResourceNames[0], wantNames[res])
+					}
 				}
 			}
 		case *rbacv1.RoleBinding:
 			if o.RoleRef.Kind != "Role" {
 				t.Errorf("RoleBinding %s binds a %s; want only the Role", o.Name, o.RoleRef.Kind)
+			}
+			if o.Namespace != want.sandboxes {
+				t.Errorf("RoleBinding %s in namespace %q; want only the sandbox namespace %q", o.Name, o.Namespace, want.sandboxes)
 			}
 		}
 	}
@@ -143,35 +175,57 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 // disruption budget; and the config it mounts loads and picks the
 // Kubernetes backend on the base's namespace and RuntimeClass.
 func TestManifestsAirlockPod(t *testing.T) {
+	objs := baseObjects(t)
+	checkAirlockPod(t, objs, filepath.Join(manifestDir, "config.yaml"), baseDeployment)
+	// The base also creates both namespaces and the RuntimeClass, which
+	// the chart can be told to leave to the cluster.
+	kinds := map[string]int{}
+	for _, obj := range objs {
+		kinds[obj.GetObjectKind().GroupVersionKind().Kind]++
+	}
+	if kinds["Namespace"] != 2 || kinds["RuntimeClass"] != 1 {
+		t.Errorf("%d Namespaces and %d RuntimeClasses in the base; want 2 and 1", kinds["Namespace"], kinds["RuntimeClass"])
+	}
+}
+
+// checkAirlockPod checks airlock's pod in objs and the config at cfgPath
+// that it mounts: want.replicas replicas, non-root, read-only root, no
+// capabilities, probes, requests, a disruption budget; the config loads,
+// names files in the pod's mounts and picks the Kubernetes backend on
+// want's sandbox namespace and RuntimeClass. A RuntimeClass in objs must
+// run runsc; one left out (a cluster that has it) is not checked.
+func checkAirlockPod(t *testing.T, objs []kruntime.Object, cfgPath string, want deployment) {
+	t.Helper()
 	var dep *appsv1.Deployment
 	kinds := map[string]bool{}
-	var rcName string
-	for _, obj := range baseObjects(t) {
+	for _, obj := range objs {
 		kinds[obj.GetObjectKind().GroupVersionKind().Kind] = true
 		switch o := obj.(type) {
 		case *appsv1.Deployment:
 			dep = o
 		case *corev1.Namespace:
-			if o.Name == "airlock" && o.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
-				t.Errorf("namespace airlock is not enforced restricted: %v", o.Labels)
+			if o.Name == want.namespace && o.Labels["pod-security.kubernetes.io/enforce"] != "restricted" {
+				t.Errorf("namespace %s is not enforced restricted: %v", o.Name, o.Labels)
 			}
 		case *nodev1.RuntimeClass:
-			rcName = o.Name
-			if o.Handler != "runsc" {
-				t.Errorf("RuntimeClass %s has handler %q, want runsc", o.Name, o.Handler)
+			if o.Name != want.runtimeClass || o.Handler != "runsc" {
+				t.Errorf("RuntimeClass %s has handler %q, want %s with runsc", o.Name, o.Handler, want.runtimeClass)
 			}
 		}
 	}
-	for _, k := range []string{"Namespace", "RuntimeClass", "ServiceAccount", "Deployment", "Service", "PodDisruptionBudget"} {
+	for _, k := range []string{"ServiceAccount", "Deployment", "Service", "PodDisruptionBudget"} {
 		if !kinds[k] {
-			t.Errorf("no %s in the base", k)
+			t.Errorf("no %s rendered", k)
 		}
 	}
 	if dep == nil {
 		t.Fatal("no Deployment")
 	}
-	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 2 {
-		t.Errorf("replicas %v, want 2", dep.Spec.Replicas)
+	if dep.Namespace != want.namespace {
+		t.Errorf("Deployment in namespace %q, want %q", dep.Namespace, want.namespace)
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != want.replicas {
+		t.Errorf("replicas %v, want %d", dep.Spec.Replicas, want.replicas)
 	}
 	ps := dep.Spec.Template.Spec
 	if ps.SecurityContext == nil || ps.SecurityContext.RunAsNonRoot == nil || !*ps.SecurityContext.RunAsNonRoot {
@@ -194,12 +248,12 @@ func TestManifestsAirlockPod(t *testing.T) {
 		t.Error("no resource requests")
 	}
 
-	cfg, err := config.Load(viper.New(), filepath.Join(manifestDir, "config.yaml"))
+	cfg, err := config.Load(viper.New(), cfgPath)
 	if err != nil {
-		t.Fatalf("the base's config.yaml: %v", err)
+		t.Fatalf("the mounted config: %v", err)
 	}
 	if err := cfg.Validate(); err != nil {
-		t.Fatalf("the base's config.yaml: %v", err)
+		t.Fatalf("the mounted config: %v", err)
 	}
 	// The files the config names are where the pod mounts its Secret.
 	mounts := map[string]bool{}
@@ -211,8 +265,8 @@ func TestManifestsAirlockPod(t *testing.T) {
 			t.Errorf("config names %q, which is not in a mounted volume %v", f, mounts)
 		}
 	}
-	if cfg.Runtime.Backend != "kubernetes" || cfg.Kubernetes.Namespace != "airlock-sandboxes" || cfg.Kubernetes.RuntimeClass != rcName || cfg.Kubernetes.Kubeconfig != "" {
-		t.Errorf("config: backend %q, namespace %q, runtime class %q (base has %q), kubeconfig %q",
-			cfg.Runtime.Backend, cfg.Kubernetes.Namespace, cfg.Kubernetes.RuntimeClass, rcName, cfg.Kubernetes.Kubeconfig)
+	if cfg.Runtime.Backend != "kubernetes" || cfg.Kubernetes.Namespace != want.sandboxes || cfg.Kubernetes.RuntimeClass != want.runtimeClass || cfg.Kubernetes.Kubeconfig != "" {
+		t.Errorf("config: backend %q, namespace %q (want %q), runtime class %q (want %q), kubeconfig %q",
+			cfg.Runtime.Backend, cfg.Kubernetes.Namespace, want.sandboxes, cfg.Kubernetes.RuntimeClass, want.runtimeClass, cfg.Kubernetes.Kubeconfig)
 	}
 }

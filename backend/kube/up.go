@@ -64,15 +64,11 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 	} else if n > 0 {
 		log.Info("kubernetes backend: removed the leases (and so the pods) of dead instances", "count", n)
 	}
-	tol := make([]corev1.Toleration, 0, len(k.Tolerations))
-	for _, t := range k.Tolerations {
-		tol = append(tol, corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOperator(t.Operator), Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
-	}
 	l := cfg.Limits
 	return New(ctx, Options{
 		Client: cs, REST: rc, Namespace: k.Namespace, InstanceID: runtime.NewRunID(), Address: cfg.Server.Advertise,
 		Image: k.SandboxImage(cfg.Image), RuntimeClass: k.RuntimeClass,
-		NodeSelector: k.NodeSelector, Tolerations: tol, SchedulerName: k.SchedulerName,
+		NodeSelector: k.NodeSelector, Tolerations: tolerations(k), SchedulerName: k.SchedulerName,
 		ScheduleTimeout: k.ScheduleTimeout, LeaseDuration: k.LeaseDuration,
 		UID: uint32(cfg.Sandbox.UID), GID: uint32(cfg.Sandbox.GID),
 		Env:      cfg.Sandbox.Env,
@@ -96,3 +92,12 @@ func (m *Manager) Ready(ctx context.Context) error {
 
 // InstanceID names this airlock process on the cluster.
 func (m *Manager) InstanceID() string { return m.o.InstanceID }
+
+// tolerations are kubernetes.tolerations as the API's type.
+func tolerations(k config.KubernetesConfig) []corev1.Toleration {
+	tol := make([]corev1.Toleration, 0, len(k.Tolerations))
+	for _, t := range k.Tolerations {
+		tol = append(tol, corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOperator(t.Operator), Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
+	}
+	return tol
+}

@@ -1,0 +1,215 @@
+package kube
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// basePolicy is deploy/kubernetes/networkpolicy.yaml, decoded.
+func basePolicy(t *testing.T) *networkingv1.NetworkPolicy {
+	t.Helper()
+	f, err := os.Open(filepath.Join(manifestDir, "networkpolicy.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	objs := decodeManifests(t, f)
+	if len(objs) != 1 {
+		t.Fatalf("networkpolicy.yaml holds %d objects, want 1", len(objs))
+	}
+	np, ok := objs[0].(*networkingv1.NetworkPolicy)
+	if !ok {
+		t.Fatalf("networkpolicy.yaml holds a %T", objs[0])
+	}
+	return np
+}
+
+// applyPolicy creates the base's policy in ns.
+func applyPolicy(t *testing.T, cs *kubernetes.Clientset, ns string) {
+	t.Helper()
+	np := basePolicy(t)
+	np.Namespace = ns
+	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Create(context.Background(), np, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the base's NetworkPolicy in %s: %v", ns, err)
+	}
+}
+
+// serverPod starts a pod under the cluster's default runtime (a network
+// of its own, unlike gVisor's handler) that serves HTTP on 8080, and
+// returns its address once it runs.
+func serverPod(t *testing.T, cs *kubernetes.Clientset, ns string) string {
+	t.Helper()
+	ctx := context.Background()
+	no, yes, uid := false, true, int64(1000)
+	po := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "server"},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: &no,
+			EnableServiceLinks:           &no,
+			SecurityContext: &corev1.PodSecurityContext{RunAsUser: &uid, RunAsNonRoot: &yes,
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			Containers: []corev1.Container{{
+				Name: Container, Image: testImage, ImagePullPolicy: corev1.PullNever, WorkingDir: "/tmp",
+				Command: []string{"python3", "-m", "http.server", "8080"},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes,
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}},
+			}},
+		},
+	}
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, po, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var ip string
+	waitFor(t, 2*time.Minute, "pod "+ns+"/server running", func() (bool, error) {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, "server", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		ip = p.Status.PodIP
+		return p.Status.Phase == corev1.PodRunning && ip != "", nil
+	})
+	return ip
+}
+
+// connects reports whether a TCP connection from the pod to host:port
+// opened within 2 s.
+func connects(t *testing.T, rc *rest.Config, cs *kubernetes.Clientset, ns, pod, host string, port int) bool {
+	t.Helper()
+	const script = `import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()
+    print("open")
+except OSError as e:
+    print("blocked", e)
+`
+	out, stderr, err := execIn(rc, cs, ns, pod, "python3", "-c", script, host, strconv.Itoa(port))
+	if err != nil {
+		t.Fatalf("probe from %s/%s to %s:%d: %v %s", ns, pod, host, port, err, stderr)
+	}
+	return strings.HasPrefix(out, "open")
+}
+
+// countingListener accepts on addr and counts connections by source
+// address: the test's own witness of what reached the node.
+type countingListener struct {
+	ln   net.Listener
+	mu   sync.Mutex
+	seen map[string]int
+}
+
+func listenCounting(t *testing.T, addr string) *countingListener {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &countingListener{ln: ln, seen: map[string]int{}}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+			l.mu.Lock()
+			l.seen[host]++
+			l.mu.Unlock()
+			_ = c.Close()
+		}
+	}()
+	t.Cleanup(func() { _ = ln.Close() })
+	return l
+}
+
+func (l *countingListener) port() int { return l.ln.Addr().(*net.TCPAddr).Port }
+
+func (l *countingListener) from(ip string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seen[ip]
+}
+
+// The base's deny-all NetworkPolicy, enforced by the test cluster's
+// kube-router, cuts a networked pod in its namespace off: it reaches
+// neither a listener the test owns on the node, nor the API server's
+// Service, nor a pod elsewhere, and no pod reaches it. The same probes
+// from a namespace without the policy connect, so each refusal is the
+// policy's doing.
+func TestSandboxNetworkPolicyOnCluster(t *testing.T) {
+	cs, rc := needCluster(t)
+	ctx := context.Background()
+	fenced, open := testNamespace(t, cs), testNamespace(t, cs)
+	applyPolicy(t, cs, fenced)
+	fencedIP, openIP := serverPod(t, cs, fenced), serverPod(t, cs, open)
+
+	po, err := cs.CoreV1().Pods(fenced).Get(ctx, "server", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := cs.CoreV1().Nodes().Get(ctx, po.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodeIP string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			nodeIP = a.Address
+		}
+	}
+	if nodeIP == "" {
+		t.Fatalf("node %s has no InternalIP", node.Name)
+	}
+	api, err := cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := listenCounting(t, net.JoinHostPort(nodeIP, "0"))
+
+	// An enforcer programs a new pod's rules a moment after it has its
+	// address: wait for the first refusal, then hold it to every probe.
+	waitFor(t, time.Minute, "the policy enforced for "+fenced+"/server", func() (bool, error) {
+		return !connects(t, rc, cs, fenced, "server", nodeIP, ln.port()), nil
+	})
+	reachedBefore := ln.from(fencedIP)
+
+	for _, c := range []struct {
+		name      string
+		ns, host  string
+		port      int
+		wantReach bool
+	}{
+		{"fenced pod to the node's listener", fenced, nodeIP, ln.port(), false},
+		{"fenced pod to the API server's service", fenced, api.Spec.ClusterIP, 443, false},
+		{"fenced pod to a pod in another namespace", fenced, openIP, 8080, false},
+		{"pod in another namespace to the fenced pod", open, fencedIP, 8080, false},
+		// The controls: the same targets from outside the policy.
+		{"open pod to the node's listener", open, nodeIP, ln.port(), true},
+		{"open pod to the API server's service", open, api.Spec.ClusterIP, 443, true},
+		{"fenced pod to its own address (its server is up)", fenced, fencedIP, 8080, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := connects(t, rc, cs, c.ns, "server", c.host, c.port); got != c.wantReach {
+				t.Errorf("connected = %v, want %v", got, c.wantReach)
+			}
+		})
+	}
+	if n := ln.from(fencedIP) - reachedBefore; n != 0 {
+		t.Errorf("the node's listener accepted %d connections from the fenced pod once the policy held", n)
+	}
+	if ln.from(openIP) == 0 {
+		t.Error("the node's listener never saw the open pod: the control proves nothing")
+	}
+}
