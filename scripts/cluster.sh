@@ -100,7 +100,7 @@ healthy() {
   pid_alive kube-router || return 1
   kubectl get --raw /readyz >/dev/null 2>&1 || return 1
   [[ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]] || return 1
-  kubectl get runtimeclass gvisor >/dev/null 2>&1
+  kubectl get runtimeclass gvisor gvisor-net >/dev/null 2>&1
 }
 
 network_up() {
@@ -170,13 +170,19 @@ EOF
 
 containerd_up() {
   mkdir -p "$STATE/containerd" "$RUN/containerd" "$STATE/runsc"
-  # The gVisor shim reads its options from here: runsc with no network.
-  cat >"$STATE/runsc.toml" <<EOF
+  # The gVisor shim reads its options from here: runsc with no network
+  # (handler runsc, RuntimeClass gvisor), and runsc with its own network
+  # stack on the pod's interface (handler runsc-net, RuntimeClass
+  # gvisor-net), for the NetworkPolicy tests and networked sandboxes.
+  local net
+  for net in none sandbox; do
+    cat >"$STATE/runsc-$net.toml" <<EOF
 binary_name = "/usr/local/bin/runsc"
 root = "$RUN/runsc"
 [runsc_config]
-  network = "none"
+  network = "$net"
 EOF
+  done
   cat >"$STATE/containerd.toml" <<EOF
 version = 3
 root = "$STATE/containerd"
@@ -210,7 +216,13 @@ state = "$RUN/containerd"
       runtime_path = "$BIN/containerd-shim-runsc-v1"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc.options]
         TypeUrl = "io.containerd.runsc.v1.options"
-        ConfigPath = "$STATE/runsc.toml"
+        ConfigPath = "$STATE/runsc-none.toml"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-net]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "$BIN/containerd-shim-runsc-v1"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-net.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$STATE/runsc-sandbox.toml"
 EOF
   start containerd --ns /usr/local/bin/containerd --config "$STATE/containerd.toml"
   wait_for "containerd (CRI)" containerd 30 in_ns /usr/local/bin/ctr --address "$CTRD_SOCK" version
@@ -357,6 +369,12 @@ kind: RuntimeClass
 metadata:
   name: gvisor
 handler: runsc
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: gvisor-net
+handler: runsc-net
 EOF
 }
 

@@ -47,16 +47,25 @@ func applyPolicy(t *testing.T, cs *kubernetes.Clientset, ns string) {
 	}
 }
 
-// serverPod starts a pod under the cluster's default runtime (a network
-// of its own, unlike gVisor's handler) that serves HTTP on 8080, and
-// returns its address once it runs.
-func serverPod(t *testing.T, cs *kubernetes.Clientset, ns string) string {
+// netRuntimeClass is the test cluster's gVisor handler that keeps a
+// network (runsc's own stack on the pod's interface; cluster.sh).
+const netRuntimeClass = "gvisor-net"
+
+// serverPod starts a pod that serves HTTP on 8080 and returns its address
+// once it runs: under the cluster's default runtime (runc) when
+// runtimeClass is empty, else under that class.
+func serverPod(t *testing.T, cs *kubernetes.Clientset, ns, name, runtimeClass string) string {
 	t.Helper()
 	ctx := context.Background()
 	no, yes, uid := false, true, int64(1000)
+	var rc *string
+	if runtimeClass != "" {
+		rc = &runtimeClass
+	}
 	po := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "server"},
+		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.PodSpec{
+			RuntimeClassName:             rc,
 			AutomountServiceAccountToken: &no,
 			EnableServiceLinks:           &no,
 			SecurityContext: &corev1.PodSecurityContext{RunAsUser: &uid, RunAsNonRoot: &yes,
@@ -73,8 +82,8 @@ func serverPod(t *testing.T, cs *kubernetes.Clientset, ns string) string {
 		t.Fatal(err)
 	}
 	var ip string
-	waitFor(t, 2*time.Minute, "pod "+ns+"/server running", func() (bool, error) {
-		p, err := cs.CoreV1().Pods(ns).Get(ctx, "server", metav1.GetOptions{})
+	waitFor(t, 2*time.Minute, "pod "+ns+"/"+name+" running", func() (bool, error) {
+		p, err := cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -143,17 +152,18 @@ func (l *countingListener) from(ip string) int {
 }
 
 // The base's deny-all NetworkPolicy, enforced by the test cluster's
-// kube-router, cuts a networked pod in its namespace off: it reaches
-// neither a listener the test owns on the node, nor the API server's
-// Service, nor a pod elsewhere, and no pod reaches it. The same probes
-// from a namespace without the policy connect, so each refusal is the
-// policy's doing.
+// kube-router, cuts a networked pod in its namespace off, whether runc's
+// or gVisor's own network stack sends: it reaches neither a listener the
+// test owns on the node, nor the API server's Service, nor a pod
+// elsewhere, and no pod reaches it. The same probes from a namespace
+// without the policy connect, so each refusal is the policy's doing.
 func TestSandboxNetworkPolicyOnCluster(t *testing.T) {
 	cs, rc := needCluster(t)
 	ctx := context.Background()
 	fenced, open := testNamespace(t, cs), testNamespace(t, cs)
 	applyPolicy(t, cs, fenced)
-	fencedIP, openIP := serverPod(t, cs, fenced), serverPod(t, cs, open)
+	fencedIP, openIP := serverPod(t, cs, fenced, "server", ""), serverPod(t, cs, open, "server", "")
+	fencedGV, openGV := serverPod(t, cs, fenced, "gvisor", netRuntimeClass), serverPod(t, cs, open, "gvisor", netRuntimeClass)
 
 	po, err := cs.CoreV1().Pods(fenced).Get(ctx, "server", metav1.GetOptions{})
 	if err != nil {
@@ -180,36 +190,50 @@ func TestSandboxNetworkPolicyOnCluster(t *testing.T) {
 
 	// An enforcer programs a new pod's rules a moment after it has its
 	// address: wait for the first refusal, then hold it to every probe.
-	waitFor(t, time.Minute, "the policy enforced for "+fenced+"/server", func() (bool, error) {
-		return !connects(t, rc, cs, fenced, "server", nodeIP, ln.port()), nil
-	})
-	reachedBefore := ln.from(fencedIP)
+	for _, pod := range []string{"server", "gvisor"} {
+		waitFor(t, time.Minute, "the policy enforced for "+fenced+"/"+pod, func() (bool, error) {
+			return !connects(t, rc, cs, fenced, pod, nodeIP, ln.port()), nil
+		})
+	}
+	reachedBefore := map[string]int{fencedIP: ln.from(fencedIP), fencedGV: ln.from(fencedGV)}
 
 	for _, c := range []struct {
-		name      string
-		ns, host  string
-		port      int
-		wantReach bool
+		name          string
+		ns, pod, host string
+		port          int
+		wantReach     bool
 	}{
-		{"fenced pod to the node's listener", fenced, nodeIP, ln.port(), false},
-		{"fenced pod to the API server's service", fenced, api.Spec.ClusterIP, 443, false},
-		{"fenced pod to a pod in another namespace", fenced, openIP, 8080, false},
-		{"pod in another namespace to the fenced pod", open, fencedIP, 8080, false},
-		// The controls: the same targets from outside the policy.
-		{"open pod to the node's listener", open, nodeIP, ln.port(), true},
-		{"open pod to the API server's service", open, api.Spec.ClusterIP, 443, true},
-		{"fenced pod to its own address (its server is up)", fenced, fencedIP, 8080, true},
+		{"fenced pod to the node's listener", fenced, "server", nodeIP, ln.port(), false},
+		{"fenced pod to the API server's service", fenced, "server", api.Spec.ClusterIP, 443, false},
+		{"fenced pod to a pod in another namespace", fenced, "server", openIP, 8080, false},
+		{"pod in another namespace to the fenced pod", open, "server", fencedIP, 8080, false},
+		{"fenced gVisor pod to the node's listener", fenced, "gvisor", nodeIP, ln.port(), false},
+		{"fenced gVisor pod to the API server's service", fenced, "gvisor", api.Spec.ClusterIP, 443, false},
+		{"fenced gVisor pod to a pod in another namespace", fenced, "gvisor", openIP, 8080, false},
+		{"pod in another namespace to the fenced gVisor pod", open, "server", fencedGV, 8080, false},
+		// The controls: the same targets from outside the policy, and
+		// each fenced server seen up from inside its own pod.
+		{"open pod to the node's listener", open, "server", nodeIP, ln.port(), true},
+		{"open pod to the API server's service", open, "server", api.Spec.ClusterIP, 443, true},
+		{"open gVisor pod to the node's listener", open, "gvisor", nodeIP, ln.port(), true},
+		{"open gVisor pod to the open pod", open, "gvisor", openIP, 8080, true},
+		{"fenced pod to its own address", fenced, "server", fencedIP, 8080, true},
+		{"fenced gVisor pod to its own address", fenced, "gvisor", fencedGV, 8080, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := connects(t, rc, cs, c.ns, "server", c.host, c.port); got != c.wantReach {
+			if got := connects(t, rc, cs, c.ns, c.pod, c.host, c.port); got != c.wantReach {
 				t.Errorf("connected = %v, want %v", got, c.wantReach)
 			}
 		})
 	}
-	if n := ln.from(fencedIP) - reachedBefore; n != 0 {
-		t.Errorf("the node's listener accepted %d connections from the fenced pod once the policy held", n)
+	for ip, before := range reachedBefore {
+		if n := ln.from(ip) - before; n != 0 {
+			t.Errorf("the node's listener accepted %d connections from fenced pod %s once the policy held", n, ip)
+		}
 	}
-	if ln.from(openIP) == 0 {
-		t.Error("the node's listener never saw the open pod: the control proves nothing")
+	for _, ip := range []string{openIP, openGV} {
+		if ln.from(ip) == 0 {
+			t.Errorf("the node's listener never saw open pod %s: the control proves nothing", ip)
+		}
 	}
 }
