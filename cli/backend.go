@@ -54,7 +54,7 @@ func (a *app) withBackend(cmd *cobra.Command, fn func(context.Context, *backend)
 	}
 	metrics.SetCircuitOpen(m.Breaker().Open)
 	b := &backend{
-		Manager: m, Ready: m.Ready, Instance: m.InstanceID(), Board: m.Board(), Peers: m.Peers,
+		Manager: m, Egress: m.EgressPolicy(), Ready: m.Ready, Instance: m.InstanceID(), Board: m.Board(), Peers: m.Peers,
 		Attrs: []any{"backend", config.BackendKubernetes, "namespace", a.cfg.Kubernetes.Namespace,
 			"runtime_class", a.cfg.Kubernetes.RuntimeClass, "image", a.cfg.Kubernetes.SandboxImage(a.cfg.Image)},
 		close: func(ctx context.Context) {

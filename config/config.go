@@ -293,6 +293,15 @@ type KubernetesConfig struct {
 	// default, 5 a second, would cap a replica at a few runs a second.
 	QPS   float64 `mapstructure:"qps"`
 	Burst int     `mapstructure:"burst"`
+	// NetworkRuntimeClass is the RuntimeClass of networked sandbox pods:
+	// gVisor with a network stack (runsc's network "sandbox"). Empty: no
+	// networked runs on the cluster.
+	NetworkRuntimeClass string `mapstructure:"network_runtime_class"`
+	// EgressListen is where this replica's egress proxy listens.
+	EgressListen string `mapstructure:"egress_listen"`
+	// EgressAddress is the host:port networked pods dial for the proxy;
+	// empty: $POD_IP (the downward API) and EgressListen's port.
+	EgressAddress string `mapstructure:"egress_address"`
 }
 
 // TolerationConfig is one toleration of sandbox pods, as in a pod spec.
@@ -349,7 +358,7 @@ func Defaults() Config {
 		Log:        LogConfig{Level: "info", Format: "text"},
 		Containerd: ContainerdConfig{Namespace: "airlock", Binary: "containerd"},
 		Runtime:    RuntimeConfig{Backend: BackendContainerd, Shim: ShimAuto, Runsc: "runsc"},
-		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second, LeaseDuration: 30 * time.Second, QPS: 100, Burst: 200},
+		Kubernetes: KubernetesConfig{Namespace: "airlock-sandboxes", RuntimeClass: "gvisor", NodeSelector: map[string]string{}, ScheduleTimeout: 60 * time.Second, LeaseDuration: 30 * time.Second, QPS: 100, Burst: 200, EgressListen: ":3128"},
 		Image:      DefaultImage,
 		Limits: Limits{
 			TimeoutS:    30,
@@ -423,6 +432,9 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("kubernetes.lease_duration", d.Kubernetes.LeaseDuration)
 	v.SetDefault("kubernetes.qps", d.Kubernetes.QPS)
 	v.SetDefault("kubernetes.burst", d.Kubernetes.Burst)
+	v.SetDefault("kubernetes.network_runtime_class", d.Kubernetes.NetworkRuntimeClass)
+	v.SetDefault("kubernetes.egress_listen", d.Kubernetes.EgressListen)
+	v.SetDefault("kubernetes.egress_address", d.Kubernetes.EgressAddress)
 	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
 	v.SetDefault("runtime.runsc_flags", d.Runtime.RunscFlags)
 	v.SetDefault("image", d.Image)
@@ -568,8 +580,14 @@ func (c Config) Validate() error {
 			"kubernetes.qps must be from 1 to 10000 (requests a second to the API server)"},
 		{c.Runtime.Backend != BackendKubernetes || (c.Kubernetes.Burst >= 1 && float64(c.Kubernetes.Burst) >= c.Kubernetes.QPS),
 			"kubernetes.burst must be at least 1 and at least kubernetes.qps"},
-		{c.Runtime.Backend != BackendKubernetes || !c.Network.Enabled(),
-			"the kubernetes backend offers no networked runs yet: leave network.allow_domains empty"},
+		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.NetworkRuntimeClass != "",
+			"networked runs on Kubernetes need kubernetes.network_runtime_class: a RuntimeClass whose gVisor handler keeps a network (runsc network \"sandbox\"), with the sandbox namespace's NetworkPolicies enforced (the README's Kubernetes section); or leave network.allow_domains empty"},
+		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.NetworkRuntimeClass != c.Kubernetes.RuntimeClass,
+			"kubernetes.network_runtime_class must differ from kubernetes.runtime_class: runs without a network keep a handler with none"},
+		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || validListen(c.Kubernetes.EgressListen),
+			"kubernetes.egress_listen must be host:port (\":3128\": every address of the pod)"},
+		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.EgressAddress == "" || validHostPort(c.Kubernetes.EgressAddress) || validHost(c.Kubernetes.EgressAddress),
+			"kubernetes.egress_address must be host:port, or a host (egress_listen's port), or empty ($POD_IP and egress_listen's port)"},
 		{l.TimeoutS >= 1, "limits.timeout_s must be at least 1"},
 		{l.MaxTimeoutS >= l.TimeoutS, "limits.max_timeout_s must be at least limits.timeout_s"},
 		{l.MemoryMB >= 32, "limits.memory_mb must be at least 32"},
@@ -703,6 +721,15 @@ func (c Config) ConsoleTokenFile() string {
 	return c.StateDir + "/approver.tokens"
 }
 
+// HostMap is network.hosts by name (entries of one name merged).
+func (n NetworkConfig) HostMap() map[string][]string {
+	m := make(map[string][]string, len(n.Hosts))
+	for _, h := range n.Hosts {
+		m[h.Name] = append(m[h.Name], h.Addrs...)
+	}
+	return m
+}
+
 // NetworkOffered reports whether calls can have a network at all: the
 // operator listed destinations, or an approver may grant some.
 func (c Config) NetworkOffered() bool {
@@ -723,6 +750,20 @@ func isLoopbackAddr(addr string) bool {
 	}
 	a, err := netip.ParseAddr(host)
 	return err == nil && a.IsLoopback()
+}
+
+// validListen reports whether s is [host]:port with a port.
+func validListen(s string) bool {
+	_, p, err := net.SplitHostPort(s)
+	return err == nil && p != ""
+}
+
+// validHost reports whether s is an address or a name without a port.
+func validHost(s string) bool {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return true
+	}
+	return s != "" && !strings.ContainsAny(s, ":/ ")
 }
 
 // validHostPort reports whether s is host:port with both parts present.

@@ -100,9 +100,24 @@ func TestValidateNamesTheKey(t *testing.T) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Kubernetes.Burst = 10
 		},
-		"network.allow_domains": func(c *Config) {
+		"kubernetes.network_runtime_class": func(c *Config) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Network.AllowDomains = []string{"pypi.org"}
+		},
+		"kubernetes.network_runtime_class must differ": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Network.AllowDomains = []string{"pypi.org"}
+			c.Kubernetes.NetworkRuntimeClass = c.Kubernetes.RuntimeClass
+		},
+		"kubernetes.egress_listen": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Network.AllowDomains = []string{"pypi.org"}
+			c.Kubernetes.NetworkRuntimeClass, c.Kubernetes.EgressListen = "gvisor-net", "3128"
+		},
+		"kubernetes.egress_address": func(c *Config) {
+			c.Runtime.Backend = BackendKubernetes
+			c.Network.AllowDomains = []string{"pypi.org"}
+			c.Kubernetes.NetworkRuntimeClass, c.Kubernetes.EgressAddress = "gvisor-net", ":3128"
 		},
 	}
 	for key, mutate := range cases {

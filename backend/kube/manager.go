@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/exchange"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // Labels on everything this backend creates. Cleanup finds pods by these
@@ -26,7 +28,25 @@ const (
 	LabelRun       = "airlock.dev/run"
 	// LabelSession names the session a session pod serves.
 	LabelSession = "airlock.dev/session"
+	// LabelNetwork marks a pod with a network ("allowlist"): the sandbox
+	// namespace's NetworkPolicy lets only these reach the egress proxy.
+	LabelNetwork = "airlock.dev/network"
 )
+
+// NetOptions are what networked runs need.
+type NetOptions struct {
+	// RuntimeClass is gVisor with a network stack; runs without a network
+	// keep Options.RuntimeClass, which has none.
+	RuntimeClass string
+	// Proxy is this replica's egress proxy; each networked pod is
+	// registered with it by address for its run.
+	Proxy *egress.Server
+	// Policy is the operator's allow-list (a call may narrow it).
+	Policy egress.Policy
+	// URL is the proxy as pods reach it (http://host:port).
+	URL      string
+	CABundle []byte
+}
 
 // Options configure a Manager.
 type Options struct {
@@ -65,7 +85,9 @@ type Options struct {
 	Concurrency, Queue int
 	QueueWait          time.Duration
 	Breaker            runtime.BreakerOptions
-	Log                *slog.Logger
+	// Net offers networked runs; nil: none.
+	Net *NetOptions
+	Log *slog.Logger
 }
 
 // Manager runs each request in a pod of its own under gVisor, on a
@@ -146,8 +168,9 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	if req.Language != runtime.Python && req.Language != runtime.Shell {
 		return res, fmt.Errorf("unknown language %q", req.Language)
 	}
-	if req.Egress != nil {
-		return res, errors.New("runtime: the kubernetes backend offers no network yet (leave network.allow_domains empty)")
+	networked := req.Egress != nil
+	if networked && m.o.Net == nil {
+		return res, errors.New("runtime: this airlock offers no networked runs on the cluster (set kubernetes.network_runtime_class and network.allow_domains)")
 	}
 	release, err := m.admission.Acquire(ctx)
 	if err != nil {
@@ -156,19 +179,32 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	log := m.o.Log.With("run", req.RunID)
 	start := time.Now()
 	var p *pod
-	if m.pool != nil && m.pool.limits.SameSandbox(req.Limits) {
+	// Warm pods have no network; a networked run always gets a new pod.
+	if !networked && m.pool != nil && m.pool.limits.SameSandbox(req.Limits) {
 		p = m.pool.take(ctx, req.RunID)
 	}
 	warm := p != nil
 	if p == nil {
-		if p, err = m.create(ctx, req.RunID, req.Limits); err != nil {
+		if p, err = m.create(ctx, req.RunID, req.Limits, networked); err != nil {
 			release()
 			return res, err
 		}
 	}
 	defer m.teardowns.Start(p.destroy, release)
 	startRun := time.Now()
-	res, err = exchange.Run(ctx, p, req, nil, false)
+	var files map[string][]byte
+	if networked {
+		unregister, err := m.register(p, req.RunID, *req.Egress)
+		if err != nil {
+			return res, err
+		}
+		defer unregister() // before the pod goes: its address may be reused
+		files = runtime.ProxyFiles(m.o.Net.URL, m.o.Net.CABundle)
+	}
+	res, err = exchange.Run(ctx, p, req, files, false)
+	if networked {
+		res.EgressDenied = m.o.Net.Proxy.Denials(req.RunID)
+	}
 	res.Warm = warm
 	if res.Timings != nil {
 		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
@@ -182,9 +218,9 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 
 // create makes a pod for a run and waits until its driver says hello,
 // through the breaker.
-func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits) (p *pod, err error) {
+func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits, networked bool) (p *pod, err error) {
 	err = m.breaker.Guard(ctx, func() error {
-		p, err = m.startPod(ctx, runID, lim)
+		p, err = m.startPod(ctx, runID, lim, networked)
 		return err
 	})
 	if err != nil {
@@ -206,5 +242,29 @@ func (m *Manager) Close(ctx context.Context) error {
 	if err != nil {
 		err = fmt.Errorf("end the sessions no airlock is left to serve: %w", err)
 	}
-	return errors.Join(err, m.lease.stop(ctx))
+	err = errors.Join(err, m.lease.stop(ctx))
+	if m.o.Net != nil {
+		err = errors.Join(err, m.o.Net.Proxy.Close())
+	}
+	return err
+}
+
+// register lets the pod's address through this replica's egress proxy
+// under pol, for the run.
+func (m *Manager) register(p *pod, runID string, pol egress.Policy) (unregister func(), err error) {
+	ip, err := netip.ParseAddr(p.ip)
+	if err != nil {
+		return nil, runtime.Infra("sandbox pod address", fmt.Errorf("%q: %w", p.ip, err))
+	}
+	return m.o.Net.Proxy.Register(ip, runID, pol), nil
+}
+
+// EgressPolicy is the operator's allow-list when networked runs are
+// offered; nil otherwise.
+func (m *Manager) EgressPolicy() *egress.Policy {
+	if m.o.Net == nil {
+		return nil
+	}
+	pol := m.o.Net.Policy
+	return &pol
 }

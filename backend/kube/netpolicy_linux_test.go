@@ -18,32 +18,37 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// basePolicy is deploy/kubernetes/networkpolicy.yaml, decoded.
-func basePolicy(t *testing.T) *networkingv1.NetworkPolicy {
+// basePolicies are deploy/kubernetes/networkpolicy.yaml, decoded: the
+// deny-all, and the networked pods' one way out.
+func basePolicies(t *testing.T) []*networkingv1.NetworkPolicy {
 	t.Helper()
 	f, err := os.Open(filepath.Join(manifestDir, "networkpolicy.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	objs := decodeManifests(t, f)
-	if len(objs) != 1 {
-		t.Fatalf("networkpolicy.yaml holds %d objects, want 1", len(objs))
+	var out []*networkingv1.NetworkPolicy
+	for _, obj := range decodeManifests(t, f) {
+		np, ok := obj.(*networkingv1.NetworkPolicy)
+		if !ok {
+			t.Fatalf("networkpolicy.yaml holds a %T", obj)
+		}
+		out = append(out, np)
 	}
-	np, ok := objs[0].(*networkingv1.NetworkPolicy)
-	if !ok {
-		t.Fatalf("networkpolicy.yaml holds a %T", objs[0])
+	if len(out) == 0 || out[0].Name != "sandboxes-deny-all" || len(out[0].Spec.PodSelector.MatchLabels) != 0 || len(out[0].Spec.PolicyTypes) != 2 {
+		t.Fatalf("networkpolicy.yaml does not start with the deny-all of every pod: %+v", out)
 	}
-	return np
+	return out
 }
 
-// applyPolicy creates the base's policy in ns.
+// applyPolicy creates the base's policies in ns.
 func applyPolicy(t *testing.T, cs *kubernetes.Clientset, ns string) {
 	t.Helper()
-	np := basePolicy(t)
-	np.Namespace = ns
-	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Create(context.Background(), np, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create the base's NetworkPolicy in %s: %v", ns, err)
+	for _, np := range basePolicies(t) {
+		np.Namespace = ns
+		if _, err := cs.NetworkingV1().NetworkPolicies(ns).Create(context.Background(), np, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create the base's NetworkPolicy %s in %s: %v", np.Name, ns, err)
+		}
 	}
 }
 

@@ -38,6 +38,8 @@ type pod struct {
 	cancel  context.CancelFunc // ends the attach stream
 	created time.Time
 	steps   map[string]float64
+	// ip is the pod's address once it runs (waitRunning).
+	ip string
 	// token is this attach's, echoed in the driver's Hello; a Hello with
 	// another token means another airlock attached (a session taken
 	// over): foreign is set, and this end detaches.
@@ -91,8 +93,18 @@ func (m *Manager) policy(name string, labels map[string]string, lim runtime.Limi
 
 // startPod creates the pod of a run, waits for it to run, attaches to its
 // driver and waits for its hello. On error the pod is deleted.
-func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits) (*pod, error) {
-	spec, err := Pod(m.policy("airlock-"+runID, map[string]string{LabelRun: runID}, lim, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute))
+func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits, networked bool) (*pod, error) {
+	pp := m.policy("airlock-"+runID, map[string]string{LabelRun: runID}, lim, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute)
+	if networked {
+		// gVisor with a network, marked for the NetworkPolicy that lets it
+		// reach the proxy, told where the proxy is, and holding the code
+		// back until the namespace's policy is in force for it.
+		pp.RuntimeClass = m.o.Net.RuntimeClass
+		pp.AwaitFence = true
+		pp.Labels[LabelNetwork] = "allowlist"
+		pp.Env = runtime.BuildEnv(m.o.Env, runtime.ProxyEnv(m.o.Net.URL, len(m.o.Net.CABundle) > 0))
+	}
+	spec, err := Pod(pp)
 	if err != nil {
 		return nil, err
 	}
@@ -165,6 +177,7 @@ func (p *pod) waitRunning(ctx context.Context, ready bool, timeout time.Duration
 				continue
 			}
 			last = po
+			p.ip = po.Status.PodIP
 			if cs := containerStatus(po); cs != nil {
 				switch {
 				case cs.State.Running != nil && (!ready || cs.Ready):

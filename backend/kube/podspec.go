@@ -32,6 +32,10 @@ type PodPolicy struct {
 	Image string
 	// RuntimeClass names the RuntimeClass whose handler is gVisor.
 	RuntimeClass string
+	// AwaitFence makes the driver wait, before any work, until the pod
+	// cannot reach the API server: its NetworkPolicy is in force
+	// (networked pods).
+	AwaitFence bool
 	// UID and GID are the code's user; the driver starts the code as them.
 	UID, GID uint32
 	// Preload starts the driver's warm Python worker (warm pods),
@@ -227,6 +231,9 @@ func Command(p PodPolicy) []string {
 		"--hello-on-attach", "--nproc", strconv.FormatInt(p.Limits.Pids, 10), "--nofile", strconv.Itoa(NoFile))
 	if p.Preload {
 		args = append(args, "--ready-file", ReadyFile)
+	}
+	if p.AwaitFence {
+		args = append(args, "--await-fence")
 	}
 	return args
 }

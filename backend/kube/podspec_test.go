@@ -2,6 +2,7 @@ package kube
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,5 +210,24 @@ func TestPodRefusals(t *testing.T) {
 				t.Errorf("Pod = %v, %v; want an error naming %q", pod, err, c.want)
 			}
 		})
+	}
+}
+
+// A networked pod's driver waits for its NetworkPolicy before any work;
+// no other pod's does.
+func TestPodAwaitsFence(t *testing.T) {
+	p := policy()
+	p.AwaitFence = true
+	pod, err := Pod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(runtime.DriverArgs(1000, 1000, false, nil), "--hello-on-attach", "--nproc", "64", "--nofile", "1024", "--await-fence")
+	if got := pod.Spec.Containers[0].Command; !reflect.DeepEqual(got, want) {
+		t.Errorf("command %v, want %v", got, want)
+	}
+	cold, _ := Pod(policy())
+	if slices.Contains(cold.Spec.Containers[0].Command, "--await-fence") {
+		t.Error("a pod without a network waits for a fence")
 	}
 }

@@ -64,7 +64,7 @@ type session struct {
 // warm pod's deadline is a run's and may only go down.
 func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (runtime.Session, error) {
 	if o.Egress != nil {
-		return nil, errors.New("runtime: the kubernetes backend offers no network yet")
+		return nil, errors.New("runtime: the kubernetes backend offers no networked sessions yet (networked runs, yes)")
 	}
 	if o.Lifetime <= 0 {
 		o.Lifetime = 2 * time.Hour

@@ -2,8 +2,12 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"os"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +18,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // Connect returns a client of the cluster kubernetes.kubeconfig names, or
@@ -59,13 +64,24 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 	if _, err := cs.NodeV1().RuntimeClasses().Get(cctx, k.RuntimeClass, metav1.GetOptions{}); err != nil {
 		return nil, fmt.Errorf("kubernetes backend: runtime class %s (kubernetes.runtime_class; a RuntimeClass whose handler is runsc): %w", k.RuntimeClass, err)
 	}
+	if cfg.NetworkOffered() {
+		if _, err := cs.NodeV1().RuntimeClasses().Get(cctx, k.NetworkRuntimeClass, metav1.GetOptions{}); err != nil {
+			return nil, fmt.Errorf("kubernetes backend: runtime class %s (kubernetes.network_runtime_class; a RuntimeClass whose gVisor handler keeps a network): %w", k.NetworkRuntimeClass, err)
+		}
+	}
 	if n, err := SweepExpired(cctx, cs, k.Namespace, time.Now()); err != nil {
 		log.Warn("kubernetes backend: sweep of dead instances failed", "err", err)
 	} else if n > 0 {
 		log.Info("kubernetes backend: removed the leases (and so the pods) of dead instances", "count", n)
 	}
+	var netOpts *NetOptions
+	if cfg.NetworkOffered() {
+		if netOpts, err = upEgress(cfg, log); err != nil {
+			return nil, err
+		}
+	}
 	l := cfg.Limits
-	return New(ctx, Options{
+	m, err := New(ctx, Options{
 		Client: cs, REST: rc, Namespace: k.Namespace, InstanceID: runtime.NewRunID(), Address: cfg.Server.Advertise,
 		Image: k.SandboxImage(cfg.Image), RuntimeClass: k.RuntimeClass,
 		NodeSelector: k.NodeSelector, Tolerations: tolerations(k), SchedulerName: k.SchedulerName,
@@ -76,8 +92,44 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 		MaxTimeout:  time.Duration(l.MaxTimeoutS) * time.Second,
 		Concurrency: l.Concurrency, Queue: l.Queue, QueueWait: time.Duration(l.QueueWaitS) * time.Second,
 		Breaker: runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
+		Net:     netOpts,
 		Log:     log,
 	})
+	if err != nil && netOpts != nil {
+		_ = netOpts.Proxy.Close()
+	}
+	return m, err
+}
+
+// upEgress starts this replica's egress proxy (the host backend's code:
+// the same refusals and the same egress_denied) on
+// kubernetes.egress_listen, and says how networked pods reach it.
+func upEgress(cfg config.Config, log *slog.Logger) (*NetOptions, error) {
+	nc, k := cfg.Network, cfg.Kubernetes
+	st, err := egress.FromSettings(egress.Settings{Domains: nc.AllowDomains, Ports: nc.AllowPorts, CIDRs: nc.AllowCIDRs,
+		Hosts: nc.HostMap(), AllowPrivate: nc.AllowPrivate, CAFile: nc.CAFile, Logger: log.With("component", "egress")})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", k.EgressListen)
+	if err != nil {
+		return nil, fmt.Errorf("egress proxy: listen on kubernetes.egress_listen %s: %w", k.EgressListen, err)
+	}
+	// A host alone (or nothing: the pod's address) takes the port the
+	// listener got.
+	addr, port := k.EgressAddress, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	if addr == "" {
+		if addr = os.Getenv("POD_IP"); addr == "" {
+			_ = ln.Close()
+			return nil, errors.New("egress proxy: kubernetes.egress_address is empty and $POD_IP is not set (the Deployment sets it from the downward API; outside a pod, set the address networked pods reach this airlock at)")
+		}
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		addr = net.JoinHostPort(addr, port)
+	}
+	go func() { _ = st.Proxy.Serve(ln) }()
+	log.Info("egress proxy listening", "listen", ln.Addr().String(), "advertised", addr, "domains", st.Policy.Domains())
+	return &NetOptions{RuntimeClass: k.NetworkRuntimeClass, Proxy: st.Proxy, Policy: st.Policy, URL: "http://" + addr, CABundle: st.CABundle}, nil
 }
 
 // Ready reports whether the cluster answers and this instance's Lease is

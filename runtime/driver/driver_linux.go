@@ -90,6 +90,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	nproc := fs.Int("nproc", 0, "RLIMIT_NPROC for the code's user, when the runtime sets none (Kubernetes); 0: leave it")
 	nofile := fs.Int("nofile", 0, "RLIMIT_NOFILE, when the runtime sets none (Kubernetes); 0: leave it")
 	readyFile := fs.String("ready-file", "", "create this file once ready for work (preload done): a Kubernetes startup probe checks it")
+	fence := fs.Bool("await-fence", false, "before any work, wait until the API server is unreachable: the NetworkPolicy of a networked pod is in force (Kubernetes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -99,6 +100,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if *uid == 0 || *gid == 0 {
 		fmt.Fprintln(stderr, "airlock-driver: refusing to run code as root")
 		return 2
+	}
+	if *fence {
+		if err := awaitFence(FenceWait); err != nil {
+			return failStart(stderr, err)
+		}
 	}
 	d := &driver{uid: *uid, gid: *gid, codeDir: *codeDir, workspace: *workspace, out: &lockedWriter{w: NewWriter(stdout)}, log: stderr}
 	for _, m := range strings.Split(*modules, ",") {

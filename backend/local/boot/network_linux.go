@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -16,9 +15,6 @@ import (
 	"github.com/airlock-mcp/airlock/runtime/network"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
-
-// systemCABundle is Debian's trust store, the base of a custom CA bundle.
-const systemCABundle = "/etc/ssl/certs/ca-certificates.crt"
 
 // egressStack is the sandbox network and its proxy.
 type egressStack struct {
@@ -35,37 +31,12 @@ type egressStack struct {
 // range is taken, it returns ErrProxyTaken.
 func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack, error) {
 	nc := cfg.Network
-	pol, err := egress.ParsePolicy(nc.AllowDomains, nc.AllowPorts, nc.AllowCIDRs)
+	st, err := egress.FromSettings(egress.Settings{Domains: nc.AllowDomains, Ports: nc.AllowPorts, CIDRs: nc.AllowCIDRs,
+		Hosts: nc.HostMap(), AllowPrivate: nc.AllowPrivate, CAFile: nc.CAFile, Logger: s.log.With("component", "egress")})
 	if err != nil {
-		return nil, fmt.Errorf("network.allow_domains/allow_ports/allow_cidrs: %w", err)
+		return nil, err
 	}
-	hosts := map[string][]netip.Addr{}
-	for _, h := range nc.Hosts {
-		for _, a := range h.Addrs {
-			ip, err := netip.ParseAddr(a)
-			if err != nil {
-				return nil, fmt.Errorf("network.hosts %s: %w", h.Name, err)
-			}
-			hosts[h.Name] = append(hosts[h.Name], ip)
-		}
-	}
-	var private []netip.Prefix
-	for _, p := range nc.AllowPrivate {
-		pp, err := netip.ParsePrefix(p)
-		if err != nil {
-			return nil, fmt.Errorf("network.allow_private: %w", err)
-		}
-		private = append(private, pp)
-	}
-	var ca []byte
-	if nc.CAFile != "" {
-		extra, err := os.ReadFile(nc.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("network.ca_file: %w", err)
-		}
-		system, _ := os.ReadFile(systemCABundle)
-		ca = append(append(system, '\n'), extra...)
-	}
+	pol, proxy, ca := st.Policy, st.Proxy, st.CABundle
 
 	// Up made the manager and swept dead instances' networks; the firewall
 	// goes in before any sandbox gets an address.
@@ -74,10 +45,6 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 		return nil, fmt.Errorf("firewall: %w", err)
 	}
 
-	proxy, err := egress.New(egress.Options{Hosts: hosts, AllowedPrivate: private, Logger: s.log.With("component", "egress")})
-	if err != nil {
-		return nil, err
-	}
 	// Each instance sharing the bridge has its own proxy, on the first free
 	// port of the range the firewall opens.
 	var ln net.Listener
