@@ -418,8 +418,9 @@ iptables_clean() {
     command -v "$ipt" >/dev/null || continue
     for t in filter nat mangle; do
       "$ipt-save" -t "$t" 2>/dev/null | { grep -E '^-A [A-Z]+ .*-j KUBE-' || true; } | sed 's/^-A/-D/' | while read -r rule; do
-        # shellcheck disable=SC2086
-        "$ipt" -t "$t" $rule 2>/dev/null || true
+        # eval: the rule's comments are quoted as a shell would quote them
+        # (kube-router's have spaces); the text is the kernel's ruleset.
+        eval "\"\$ipt\" -t \"\$t\" $rule" 2>/dev/null || true
       done
       "$ipt-save" -t "$t" 2>/dev/null | sed -n 's/^:\(KUBE-[A-Z0-9-]*\) .*/\1/p' | while read -r chain; do
         "$ipt" -t "$t" -F "$chain" 2>/dev/null || true
