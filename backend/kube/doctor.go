@@ -57,7 +57,9 @@ var Permissions = []Permission{
 // names the fix for each problem: the API server, the namespace, each
 // permission (by SelfSubjectAccessReview), the RuntimeClass, and that a
 // pod really runs under gVisor with no network; and warns when nothing
-// enforces a deny-all NetworkPolicy in the namespace (a canary pod).
+// enforces a deny-all NetworkPolicy in the namespace (a canary pod); with
+// networked runs offered, checks that a networked pod has a network and
+// cannot reach the API server.
 func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.Check {
 	k := cfg.Kubernetes
 	var out []checks.Check
@@ -92,7 +94,11 @@ func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.C
 		}
 	}
 	out = append(out, probePod(ctx, cfg, log)...)
-	return append(out, policyCanary(ctx, cs, cfg))
+	out = append(out, policyCanary(ctx, cs, cfg))
+	if cfg.NetworkOffered() {
+		out = append(out, networkCanary(ctx, cs, cfg))
+	}
+	return out
 }
 
 // permissionChecks asks the API server, for each permission, whether

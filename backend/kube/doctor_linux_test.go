@@ -42,10 +42,25 @@ func TestDoctorOnCluster(t *testing.T) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
 	}
+	// A networked pod there would reach the API server: networked runs
+	// would fail, which the doctor says when they are offered.
+	netCfg := cfg
+	netCfg.Kubernetes.NetworkRuntimeClass = netRuntimeClass
+	if c := networkCanary(context.Background(), cs, netCfg); c.OK || !strings.Contains(c.Detail, "connected to the API server's service") {
+		t.Errorf("networked canary without a policy: %+v; want a failure that it reached the API server", c)
+	}
 	// With the base's policy, the cluster's enforcer holds the canary in.
 	applyPolicy(t, cs, ns)
 	if c := policyCanary(context.Background(), cs, cfg); !c.OK || c.Warn || !strings.Contains(c.Detail, "enforced in "+ns+": a canary pod could not connect") {
 		t.Errorf("canary under the base's policy: %+v; want enforced", c)
+	}
+	if c := networkCanary(context.Background(), cs, netCfg); !c.OK || !strings.Contains(c.Detail, "has a network and could not connect") {
+		t.Errorf("networked canary under the base's policy: %+v; want ok", c)
+	}
+	// A network RuntimeClass without a network.
+	netCfg.Kubernetes.NetworkRuntimeClass = "gvisor"
+	if c := networkCanary(context.Background(), cs, netCfg); c.OK || !strings.Contains(c.Detail, "no network interface but lo") || !strings.Contains(c.Fix, "network = \"sandbox\"") {
+		t.Errorf("networked canary under a class with no network: %+v; want a failure naming the fix", c)
 	}
 
 	// A service account nobody granted anything.

@@ -101,6 +101,44 @@ func CanaryPod(cfg config.Config, name string) *corev1.Pod {
 	}
 }
 
+// runCanary runs pod to its end and returns its container's end; a
+// non-nil error says why there is none (not checked).
+func runCanary(ctx context.Context, cs kubernetes.Interface, pod *corev1.Pod) (*corev1.ContainerStateTerminated, error) {
+	pods := cs.CoreV1().Pods(pod.Namespace)
+	po, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create the canary pod: %w", err)
+	}
+	defer func() {
+		zero := int64(0)
+		_ = pods.Delete(context.WithoutCancel(ctx), po.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 2*canaryFor+60*time.Second)
+	defer cancel()
+	for {
+		select {
+		case <-wctx.Done():
+			return nil, fmt.Errorf("the canary pod %s did not finish (phase %s): is the sandbox image on the nodes, and may the pod run there?", po.Name, po.Status.Phase)
+		case <-time.After(500 * time.Millisecond):
+		}
+		if po, err = pods.Get(wctx, po.Name, metav1.GetOptions{}); err != nil {
+			return nil, err
+		}
+		for _, s := range po.Status.ContainerStatuses {
+			if s.State.Terminated != nil {
+				return s.State.Terminated, nil
+			}
+		}
+	}
+}
+
+// canaryName is a new canary pod's name.
+func canaryName() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return "airlock-netpol-canary-" + hex.EncodeToString(b)
+}
+
 // policyCanary runs CanaryPod and reads its verdict. A pod that reaches
 // the API server means nothing enforces a deny-all policy in the sandbox
 // namespace: a warning, not a failure, while gVisor's handler keeps
@@ -109,33 +147,9 @@ func policyCanary(ctx context.Context, cs kubernetes.Interface, cfg config.Confi
 	k := cfg.Kubernetes
 	const name = "network policy"
 	fix := "apply a deny-all NetworkPolicy to " + k.Namespace + " (deploy/kubernetes/networkpolicy.yaml) and enforce it (a CNI that enforces NetworkPolicy, or kube-router's policy controller); until then sandboxes rely on the handler's network \"none\" alone"
-	b := make([]byte, 4)
-	_, _ = rand.Read(b)
-	pods := cs.CoreV1().Pods(k.Namespace)
-	po, err := pods.Create(ctx, CanaryPod(cfg, "airlock-netpol-canary-"+hex.EncodeToString(b)), metav1.CreateOptions{})
+	term, err := runCanary(ctx, cs, CanaryPod(cfg, canaryName()))
 	if err != nil {
-		return checks.Check{Name: name, Warn: true, Detail: "not checked: create the canary pod: " + err.Error(), Fix: fix}
-	}
-	defer func() {
-		zero := int64(0)
-		_ = pods.Delete(context.WithoutCancel(ctx), po.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
-	}()
-	wctx, cancel := context.WithTimeout(ctx, 2*canaryFor+60*time.Second)
-	defer cancel()
-	var term *corev1.ContainerStateTerminated
-	for term == nil {
-		select {
-		case <-wctx.Done():
-			return checks.Check{Name: name, Warn: true, Fix: fix,
-				Detail: fmt.Sprintf("not checked: the canary pod %s did not finish (phase %s): is the sandbox image on the nodes, and may a pod without a RuntimeClass run there?", po.Name, po.Status.Phase)}
-		case <-time.After(500 * time.Millisecond):
-		}
-		if po, err = pods.Get(wctx, po.Name, metav1.GetOptions{}); err != nil {
-			return checks.Check{Name: name, Warn: true, Detail: "not checked: " + err.Error(), Fix: fix}
-		}
-		for _, s := range po.Status.ContainerStatuses {
-			term = s.State.Terminated
-		}
+		return checks.Check{Name: name, Warn: true, Detail: "not checked: " + err.Error(), Fix: fix}
 	}
 	switch term.ExitCode {
 	case canaryBlocked:
@@ -145,5 +159,33 @@ func policyCanary(ctx context.Context, cs kubernetes.Interface, cfg config.Confi
 	default:
 		return checks.Check{Name: name, Warn: true, Fix: fix,
 			Detail: fmt.Sprintf("not checked: the canary pod exited %d: %s", term.ExitCode, term.Message)}
+	}
+}
+
+// networkCanary runs a canary as a networked sandbox pod is made (the
+// network RuntimeClass, the label the egress policy selects): it must
+// have a network, and the API server must be out of its reach, or every
+// networked run fails (its driver waits for exactly that).
+func networkCanary(ctx context.Context, cs kubernetes.Interface, cfg config.Config) checks.Check {
+	k := cfg.Kubernetes
+	const name = "networked"
+	pod := CanaryPod(cfg, canaryName())
+	pod.Spec.RuntimeClassName = &k.NetworkRuntimeClass
+	pod.Labels[LabelNetwork] = "allowlist"
+	term, err := runCanary(ctx, cs, pod)
+	if err != nil {
+		return checks.Check{Name: name, Detail: err.Error(), Fix: "kubectl describe the namespace's pods; is kubernetes.network_runtime_class a RuntimeClass the nodes have?"}
+	}
+	switch term.ExitCode {
+	case canaryBlocked:
+		return checks.Check{Name: name, OK: true, Detail: "a pod of " + k.NetworkRuntimeClass + " has a network and " + term.Message}
+	case canaryReached:
+		return checks.Check{Name: name, Detail: "a pod of " + k.NetworkRuntimeClass + " " + term.Message + ": networked runs will fail (their driver waits until it cannot)",
+			Fix: "apply deploy/kubernetes/networkpolicy.yaml to " + k.Namespace + " and enforce NetworkPolicy"}
+	case canaryNoNetwork:
+		return checks.Check{Name: name, Detail: "a pod of " + k.NetworkRuntimeClass + " has " + term.Message + ": networked pods could not reach the egress proxy",
+			Fix: "kubernetes.network_runtime_class must name a gVisor handler with a network (runsc's network = \"sandbox\")"}
+	default:
+		return checks.Check{Name: name, Detail: fmt.Sprintf("the canary pod exited %d: %s", term.ExitCode, term.Message), Fix: "see the message"}
 	}
 }
