@@ -24,22 +24,26 @@ import (
 	"github.com/airlock-mcp/airlock/runtime"
 )
 
-// nodeAddress is the test cluster's node's InternalIP: where the test's
-// own listeners go, reachable from pods and never routed off the machine.
-func nodeAddress(t *testing.T, cs *kubernetes.Clientset) string {
+// nodeAddress is the InternalIP of node name (empty: the first node that
+// has one): where the test's own listeners go, reachable from pods and
+// never routed off the machine.
+func nodeAddress(t *testing.T, cs *kubernetes.Clientset, name string) string {
 	t.Helper()
 	nodes, err := cs.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes.Items {
+		if name != "" && n.Name != name {
+			continue
+		}
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {
 				return a.Address
 			}
 		}
 	}
-	t.Fatal("no node has an InternalIP")
+	t.Fatalf("no node %q with an InternalIP", name)
 	return ""
 }
 
@@ -65,7 +69,7 @@ func TestNetworkedRunOnCluster(t *testing.T) {
 	cs, _ := needCluster(t)
 	ctx := context.Background()
 	ns := testNamespace(t, cs)
-	node := nodeAddress(t, cs)
+	node := nodeAddress(t, cs, "")
 
 	var mu sync.Mutex
 	sources := map[string]int{}
@@ -188,7 +192,7 @@ except OSError as e:
 func TestNetworkedRunRefusedUnfenced(t *testing.T) {
 	cs, _ := needCluster(t)
 	ns := testNamespace(t, cs)
-	node := nodeAddress(t, cs)
+	node := nodeAddress(t, cs, "")
 	cfg := netConfig(ns, node)
 	cfg.Network.AllowDomains = []string{"api.test"}
 	m, err := Up(context.Background(), cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))

@@ -174,19 +174,7 @@ func TestSandboxNetworkPolicyOnCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := cs.CoreV1().Nodes().Get(ctx, po.Spec.NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodeIP string
-	for _, a := range node.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			nodeIP = a.Address
-		}
-	}
-	if nodeIP == "" {
-		t.Fatalf("node %s has no InternalIP", node.Name)
-	}
+	nodeIP := nodeAddress(t, cs, po.Spec.NodeName)
 	api, err := cs.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
