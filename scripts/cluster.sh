@@ -8,7 +8,8 @@
 #
 # Everything stays on this machine: the API server listens on the node
 # address, a bridge of its own (10.217.0.1); pods get 10.217.0.0/24 with no
-# masquerade, a firewall table drops anything they send off the bridge, and
+# masquerade and no default route (only the pod, service and link-local
+# ranges, to the node), a firewall table drops anything they send off the bridge, and
 # services (10.217.16.0/24) are routed to the bridge and proxied by
 # kube-proxy (nftables mode, its node ports only on the bridge address), so
 # no service address ever leaves the machine. gVisor runs sandbox pods with
@@ -125,6 +126,11 @@ table inet $NFT_TABLE {
 }
 EOF
   mkdir -p "$STATE/cni"
+  # Pods route the pod and service ranges to the node, and link-local
+  # (where a cloud puts its metadata service) too, as a cloud's pod network
+  # would: the forward table above drops it at the node unless a test has
+  # routed a stand-in address into a namespace of its own on the bridge,
+  # so that the test can show the NetworkPolicy is what stops it.
   cat >"$STATE/cni/10-airlock.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -132,7 +138,7 @@ EOF
   "plugins": [
     {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP"}]],
-              "routes": [{"dst": "$POD_CIDR"}, {"dst": "$SERVICE_CIDR"}], "dataDir": "$STATE/cni-ipam"}},
+              "routes": [{"dst": "$POD_CIDR"}, {"dst": "$SERVICE_CIDR"}, {"dst": "169.254.0.0/16"}], "dataDir": "$STATE/cni-ipam"}},
     {"type": "loopback"}
   ]
 }

@@ -80,7 +80,11 @@ func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.C
 	_, err = cs.CoreV1().Namespaces().Get(cctx, k.Namespace, metav1.GetOptions{})
 	out = append(out, checks.Check{Name: "namespace", OK: err == nil, Detail: detail(k.Namespace, err),
 		Fix: "kubectl create namespace " + k.Namespace + " (kubernetes.namespace)"})
-	out = append(out, permissionChecks(cctx, cs, k.Namespace, k.RuntimeClass)...)
+	classes := []string{k.RuntimeClass}
+	if k.NetworkRuntimeClass != "" {
+		classes = append(classes, k.NetworkRuntimeClass)
+	}
+	out = append(out, permissionChecks(cctx, cs, k.Namespace, classes...)...)
 	rc, err := cs.NodeV1().RuntimeClasses().Get(cctx, k.RuntimeClass, metav1.GetOptions{})
 	d := detail(k.RuntimeClass, err)
 	if err == nil {
@@ -103,28 +107,37 @@ func Doctor(ctx context.Context, cfg config.Config, log *slog.Logger) []checks.C
 
 // permissionChecks asks the API server, for each permission, whether
 // airlock's identity has it. Cluster-scoped reads are asked by name (the
-// namespace, the RuntimeClass), so a ClusterRole limited to those names
-// passes.
-func permissionChecks(ctx context.Context, cs kubernetes.Interface, namespace, runtimeClass string) []checks.Check {
+// namespace, each RuntimeClass: the sandboxes' and the networked ones'),
+// so a ClusterRole limited to those names passes.
+func permissionChecks(ctx context.Context, cs kubernetes.Interface, namespace string, runtimeClasses ...string) []checks.Check {
 	var missing []string
 	var errs []string
 	for _, p := range Permissions {
-		ra := &authorizationv1.ResourceAttributes{Group: p.Group, Resource: p.Resource, Subresource: p.Subresource, Verb: p.Verb}
-		if !p.Cluster {
-			ra.Namespace = namespace
-		} else if p.Resource == "namespaces" {
-			ra.Name = namespace
-		} else if p.Resource == "runtimeclasses" {
-			ra.Name = runtimeClass
-		}
-		r, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
-			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: ra},
-		}, metav1.CreateOptions{})
+		names := []string{""}
 		switch {
-		case err != nil:
-			errs = append(errs, p.String()+": "+err.Error())
-		case !r.Status.Allowed:
-			missing = append(missing, p.String())
+		case p.Cluster && p.Resource == "namespaces":
+			names = []string{namespace}
+		case p.Cluster && p.Resource == "runtimeclasses":
+			names = runtimeClasses
+		}
+		for _, name := range names {
+			ra := &authorizationv1.ResourceAttributes{Group: p.Group, Resource: p.Resource, Subresource: p.Subresource, Verb: p.Verb, Name: name}
+			if !p.Cluster {
+				ra.Namespace = namespace
+			}
+			what := p.String()
+			if name != "" {
+				what += " " + name
+			}
+			r, err := cs.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+				Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: ra},
+			}, metav1.CreateOptions{})
+			switch {
+			case err != nil:
+				errs = append(errs, what+": "+err.Error())
+			case !r.Status.Allowed:
+				missing = append(missing, what)
+			}
 		}
 	}
 	c := checks.Check{Name: "permissions", OK: len(missing) == 0 && len(errs) == 0,

@@ -286,6 +286,13 @@ func TestHelmChartValues(t *testing.T) {
 		image: "registry.example.com/airlock:v1.2.3", pullPolicy: corev1.PullAlways, secret: "ai-secrets", poolSize: 5,
 		namespaces: true, runtimeClass: true,
 	}, {
+		// The networked runs' class is readable too, and only then.
+		name:  "a network RuntimeClass",
+		set:   []string{"config.kubernetes.network_runtime_class=gvisor-net"},
+		want:  deployment{namespace: "airlock", sandboxes: "airlock-sandboxes", runtimeClass: "gvisor", netClass: "gvisor-net", replicas: 2},
+		image: "airlock.local/airlock:dev", pullPolicy: corev1.PullIfNotPresent, secret: "airlock-secrets", poolSize: 2,
+		namespaces: true, runtimeClass: true,
+	}, {
 		name:  "namespaces and RuntimeClass already on the cluster",
 		set:   []string{"namespaces.create=false", "runtimeClass.create=false"},
 		want:  baseDeployment,

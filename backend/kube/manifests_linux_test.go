@@ -202,6 +202,11 @@ func TestManifestsOnCluster(t *testing.T) {
 			t.Errorf("doctor's permission check as the service account: %s", c.Detail)
 		}
 	}
+	// A network RuntimeClass the ClusterRole does not name: doctor says which.
+	if c := permissionChecks(ctx, sa, nsS, "gvisor", netRuntimeClass); len(c) != 1 || c[0].OK ||
+		c[0].Detail != "missing: get runtimeclasses.node.k8s.io "+netRuntimeClass {
+		t.Errorf("doctor's permission check with %s, which the base does not grant: %+v", netRuntimeClass, c)
+	}
 	denied := []authorizationv1.ResourceAttributes{
 		{Namespace: nsS, Resource: "secrets", Verb: "get"},
 		{Namespace: nsS, Resource: "secrets", Verb: "list"},

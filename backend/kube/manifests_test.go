@@ -98,6 +98,7 @@ type deployment struct {
 	namespace    string // airlock's own
 	sandboxes    string // the sandbox pods'
 	runtimeClass string
+	netClass     string // kubernetes.network_runtime_class, if any
 	replicas     int32
 }
 
@@ -114,7 +115,7 @@ func TestManifestsLeastPrivilege(t *testing.T) {
 // checkLeastPrivilege checks that objs grant exactly the backend's
 // Permissions: the namespaced ones by one Role, bound in want.sandboxes
 // only; the cluster ones by one ClusterRole limited to want's sandbox
-// namespace and RuntimeClass by name.
+// namespace and RuntimeClasses by name.
 func checkLeastPrivilege(t *testing.T, objs []kruntime.Object, want deployment) {
 	t.Helper()
 	var wantNS, wantCluster []string
@@ -127,8 +128,11 @@ func checkLeastPrivilege(t *testing.T, objs []kruntime.Object, want deployment) 
 	}
 	sort.Strings(wantNS)
 	sort.Strings(wantCluster)
-	// The one name each cluster-wide resource may be read by.
-	wantNames := map[string]string{"namespaces": want.sandboxes, "runtimeclasses": want.runtimeClass}
+	// The names each cluster-wide resource may be read by.
+	wantNames := map[string][]string{"namespaces": {want.sandboxes}, "runtimeclasses": {want.runtimeClass}}
+	if want.netClass != "" {
+		wantNames["runtimeclasses"] = append(wantNames["runtimeclasses"], want.netClass)
+	}
 	var roles, clusterRoles int
 	for _, obj := range objs {
 		switch o := obj.(type) {
@@ -146,13 +150,9 @@ func checkLeastPrivilege(t *testing.T, objs []kruntime.Object, want deployment) 
 				t.Errorf("ClusterRole grants %v\nwant exactly %v", got, wantCluster)
 			}
 			for _, r := range o.Rules {
-				if len(r.ResourceNames) != 1 {
-					t.Errorf("ClusterRole rule %v is not limited to one name", r)
-					continue
-				}
 				for _, res := range r.Resources {
-					if r.ResourceNames[0] != wantNames[res] {
-						t.Errorf("ClusterRole lets %s %q be read; want only %q", res, r.ResourceNames[0], wantNames[res])
+					if !slices.Equal(r.ResourceNames, wantNames[res]) {
+						t.Errorf("ClusterRole lets %s %q be read; want only %q", res, r.ResourceNames, wantNames[res])
 					}
 				}
 			}

@@ -15,6 +15,8 @@ import (
 
 	gocni "github.com/containerd/go-cni"
 	"github.com/vishvananda/netlink"
+
+	"github.com/airlock-mcp/airlock/runtime/netns"
 )
 
 // cleanupTimeout bounds teardown work done on a context that no longer
@@ -194,11 +196,11 @@ func (m *Manager) Attach(ctx context.Context, runID string) (att *Attachment, er
 
 	undo.add(func(context.Context) error { return m.removeRecord(name) })
 
-	path, err := createNetNS(m.cfg.NetNSDir, name)
+	path, err := netns.Create(m.cfg.NetNSDir, name)
 	if err != nil {
 		return nil, fmt.Errorf("network attach: %w", err)
 	}
-	undo.add(func(context.Context) error { return deleteNetNS(path) })
+	undo.add(func(context.Context) error { return netns.Delete(path) })
 
 	// CNI DEL is undone even if ADD failed half-way (a plugin may have made
 	// the veth or taken an address before failing).
@@ -268,7 +270,7 @@ func (m *Manager) detach(ctx context.Context, name, path, veth string, ip netip.
 	if err := m.cni.Remove(ctx, name, nsPath); err != nil {
 		return fmt.Errorf("network detach %s: cni del: %w", name, err)
 	}
-	if err := deleteNetNS(path); err != nil {
+	if err := netns.Delete(path); err != nil {
 		return fmt.Errorf("network detach %s: %w", name, err)
 	}
 	if err := m.removeRecord(name); err != nil {
@@ -299,7 +301,7 @@ func (m *Manager) ensureBridge() error {
 	if l.Type() != "bridge" {
 		return fmt.Errorf("%s exists and is a %s, not a bridge", m.cfg.Bridge, l.Type())
 	}
-	if err := writeSysctl("net/ipv6/conf/"+m.cfg.Bridge+"/disable_ipv6", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := netns.WriteSysctl("net/ipv6/conf/"+m.cfg.Bridge+"/disable_ipv6", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	gw := &netlink.Addr{IPNet: &net.IPNet{
@@ -334,7 +336,7 @@ func (m *Manager) hardenPort(veth string) error {
 	if err := netlink.LinkSetIsolated(l, true); err != nil {
 		return fmt.Errorf("isolate bridge port %s: %w", veth, err)
 	}
-	if err := writeSysctl("net/ipv6/conf/"+veth+"/disable_ipv6", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := netns.WriteSysctl("net/ipv6/conf/"+veth+"/disable_ipv6", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
 	return nil

@@ -13,6 +13,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/airlock-mcp/airlock/runtime/netns/netnstest"
 )
 
 // dialerSource is a static program run inside the gVisor sandbox: it dials
@@ -62,13 +64,13 @@ func TestGVisorSandbox(t *testing.T) {
 	}
 	att := attach(t, m, "gvisor")
 	gw := att.Gateway
-	proxy := listenTCP(t, "", m.Config().ProxyAddr().String())
-	other := listenTCP(t, "", netip.AddrPortFrom(gw, 8080).String())
-	targets := []string{proxy.addr, other.addr}
-	var host *counter
+	proxy := netnstest.ListenTCP(t, "", m.Config().ProxyAddr().String())
+	other := netnstest.ListenTCP(t, "", netip.AddrPortFrom(gw, 8080).String())
+	targets := []string{proxy.Addr, other.Addr}
+	var host *netnstest.Counter
 	if ha, ok := hostAddr(t, e); ok {
-		host = listenTCP(t, "", netip.AddrPortFrom(ha, 0).String())
-		targets = append(targets, host.addr)
+		host = netnstest.ListenTCP(t, "", netip.AddrPortFrom(ha, 0).String())
+		targets = append(targets, host.Addr)
 	}
 
 	dir := t.TempDir()
@@ -136,19 +138,19 @@ func TestGVisorSandbox(t *testing.T) {
 			lines[addr] = res
 		}
 	}
-	if !strings.HasPrefix(lines[proxy.addr], "OK") {
-		t.Errorf("gVisor sandbox -> proxy %s: %q", proxy.addr, lines[proxy.addr])
+	if !strings.HasPrefix(lines[proxy.Addr], "OK") {
+		t.Errorf("gVisor sandbox -> proxy %s: %q", proxy.Addr, lines[proxy.Addr])
 	}
 	waitCount(t, proxy, 1)
-	for _, c := range []*counter{other, host} {
+	for _, c := range []*netnstest.Counter{other, host} {
 		if c == nil {
 			continue
 		}
-		if !strings.HasPrefix(lines[c.addr], "FAIL") {
-			t.Errorf("gVisor sandbox -> %s: %q, want FAIL", c.addr, lines[c.addr])
+		if !strings.HasPrefix(lines[c.Addr], "FAIL") {
+			t.Errorf("gVisor sandbox -> %s: %q, want FAIL", c.Addr, lines[c.Addr])
 		}
-		if c.count() != 0 {
-			t.Errorf("listener %s counted %d connections from the sandbox", c.addr, c.count())
+		if c.Count() != 0 {
+			t.Errorf("listener %s counted %d connections from the sandbox", c.Addr, c.Count())
 		}
 	}
 	t.Logf("drop counters: %v", counters(t, m))

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +21,9 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
-	"golang.org/x/sys/unix"
+
+	"github.com/airlock-mcp/airlock/runtime/netns"
+	"github.com/airlock-mcp/airlock/runtime/netns/netnstest"
 )
 
 // These tests need root, CNI plugins and nftables. Every name they create
@@ -166,68 +167,10 @@ func attach(t *testing.T, m *Manager, runID string) *Attachment {
 	return att
 }
 
-// inNS runs fn in the namespace at path ("" for the test's own).
-func inNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	return inNetNS(path, fn)
-}
-
-// counter is a listener of ours that counts what reaches it.
-type counter struct {
-	addr string
-	n    atomic.Int64
-}
-
-func (c *counter) count() int64 { return c.n.Load() }
-
-func listenTCP(t *testing.T, ns, addr string) *counter {
-	t.Helper()
-	var ln net.Listener
-	if err := inNS(ns, func() (err error) { ln, err = net.Listen("tcp4", addr); return err }); err != nil {
-		t.Fatalf("listen %s: %v", addr, err)
-	}
-	t.Cleanup(func() { _ = ln.Close() })
-	c := &counter{addr: ln.Addr().String()}
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.n.Add(1)
-			_, _ = conn.Write([]byte("ok"))
-			_ = conn.Close()
-		}
-	}()
-	return c
-}
-
-func listenUDP(t *testing.T, addr string) *counter {
-	t.Helper()
-	pc, err := net.ListenPacket("udp4", addr)
-	if err != nil {
-		t.Fatalf("listen udp %s: %v", addr, err)
-	}
-	t.Cleanup(func() { _ = pc.Close() })
-	c := &counter{addr: pc.LocalAddr().String()}
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			if _, _, err := pc.ReadFrom(buf); err != nil {
-				return
-			}
-			c.n.Add(1)
-		}
-	}()
-	return c
-}
-
 // dialFrom connects from namespace ns and reads the listener's greeting.
 func dialFrom(ns, addr string) (string, error) {
 	var got string
-	err := inNS(ns, func() error {
+	err := netns.Do(ns, func() error {
 		conn, err := net.DialTimeout("tcp4", addr, time.Second)
 		if err != nil {
 			return err
@@ -242,7 +185,7 @@ func dialFrom(ns, addr string) (string, error) {
 }
 
 func sendUDPFrom(ns, addr string) error {
-	return inNS(ns, func() error {
+	return netns.Do(ns, func() error {
 		conn, err := net.Dial("udp4", addr)
 		if err != nil {
 			return err
@@ -259,7 +202,7 @@ func sendUDPFrom(ns, addr string) error {
 
 // pingFrom sends one ICMP echo from namespace ns and waits for the reply.
 func pingFrom(ns string, dst netip.Addr) error {
-	return inNS(ns, func() error {
+	return netns.Do(ns, func() error {
 		c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
 		if err != nil {
 			return err
@@ -290,20 +233,20 @@ func pingFrom(ns string, dst netip.Addr) error {
 }
 
 // waitCount waits until c has counted want, for positive controls.
-func waitCount(t *testing.T, c *counter, want int64) {
+func waitCount(t *testing.T, c *netnstest.Counter, want int64) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Second)
-	for c.count() < want && time.Now().Before(deadline) {
+	for c.Count() < want && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if got := c.count(); got != want {
-		t.Fatalf("listener %s counted %d, want %d", c.addr, got, want)
+	if got := c.Count(); got != want {
+		t.Fatalf("listener %s counted %d, want %d", c.Addr, got, want)
 	}
 }
 
 // expectBlocked checks that an attempt from a sandbox failed and that the
 // listener it aimed at saw nothing.
-func expectBlocked(t *testing.T, what string, err error, c *counter) {
+func expectBlocked(t *testing.T, what string, err error, c *netnstest.Counter) {
 	t.Helper()
 	if err == nil {
 		t.Errorf("%s: succeeded, want blocked", what)
@@ -311,8 +254,8 @@ func expectBlocked(t *testing.T, what string, err error, c *counter) {
 		t.Logf("%s: blocked: %v", what, err)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if c != nil && c.count() != 0 {
-		t.Errorf("%s: listener %s counted %d, want 0", what, c.addr, c.count())
+	if c != nil && c.Count() != 0 {
+		t.Errorf("%s: listener %s counted %d, want 0", what, c.Addr, c.Count())
 	}
 }
 
@@ -329,10 +272,10 @@ func readSysctl(t *testing.T, key string) string {
 func setSysctl(t *testing.T, key, value string) {
 	t.Helper()
 	old := readSysctl(t, key)
-	if err := writeSysctl(key, value); err != nil {
+	if err := netns.WriteSysctl(key, value); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = writeSysctl(key, old) })
+	t.Cleanup(func() { _ = netns.WriteSysctl(key, old) })
 }
 
 // hostAddr is an IPv4 address of this machine outside the test network.
@@ -364,75 +307,9 @@ var metaStandIn = netip.MustParseAddr("169.254.77.77")
 
 // metadataStandIn builds a namespace that owns 169.254.77.77, reached from
 // the host over a veth with a /32 route, and a listener on port 80 inside.
-func metadataStandIn(t *testing.T, e *testEnv) *counter {
+func metadataStandIn(t *testing.T, e *testEnv) *netnstest.Counter {
 	t.Helper()
-	suffix := randHex(t, 2)
-	ns, err := createNetNS(e.cfg.NetNSDir, "altest-meta-"+suffix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = deleteNetNS(ns) })
-	hostName, peerName := "altm"+suffix, "altmp"+suffix
-	la := netlink.NewLinkAttrs()
-	la.Name = hostName
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: peerName}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostName); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	_ = writeSysctl("net/ipv6/conf/"+hostName+"/disable_ipv6", "1")
-	host, err := netlink.LinkByName(hostName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := netlink.LinkByName(peerName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Open(ns, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = netlink.LinkSetNsFd(peer, fd)
-	_ = unix.Close(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		t.Fatal(err)
-	}
-	err = inNetNS(ns, func() error {
-		p, err := netlink.LinkByName(peerName)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(p, &netlink.Addr{IPNet: &net.IPNet{IP: metaStandIn.AsSlice(), Mask: net.CIDRMask(32, 32)}}); err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(p); err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: p.Attrs().Index, Scope: netlink.SCOPE_LINK,
-			Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}})
-	})
-	if err != nil {
-		t.Fatalf("configure %s: %v", ns, err)
-	}
-	route := &netlink.Route{LinkIndex: host.Attrs().Index, Scope: netlink.SCOPE_LINK,
-		Dst: &net.IPNet{IP: metaStandIn.AsSlice(), Mask: net.CIDRMask(32, 32)}}
-	if err := netlink.RouteAdd(route); err != nil {
-		t.Fatalf("ip route add %s/32 dev %s: %v", metaStandIn, hostName, err)
-	}
-	t.Cleanup(func() { _ = netlink.RouteDel(route) })
-	// The stand-in must be routed into our namespace, never off the machine.
-	rs, err := netlink.RouteGet(metaStandIn.AsSlice())
-	if err != nil || len(rs) == 0 || rs[0].LinkIndex != host.Attrs().Index {
-		t.Fatalf("route to %s does not go to %s: %v %v", metaStandIn, hostName, rs, err)
-	}
-	return listenTCP(t, ns, netip.AddrPortFrom(metaStandIn, 80).String())
+	return netnstest.StandIn{Dir: e.cfg.NetNSDir, Addr: metaStandIn, Port: 80}.Start(t)
 }
 
 func counters(t *testing.T, m *Manager) map[string]uint64 {
@@ -598,7 +475,7 @@ func TestIsolation(t *testing.T) {
 	t.Logf("gateway %s, A %s (%s), B %s (%s)", gw, a.IP, a.HostVeth, b.IP, b.HostVeth)
 
 	// What the sandbox got: one address, no default route, no IPv6.
-	err := inNetNS(a.NetNSPath, func() error {
+	err := netns.Do(a.NetNSPath, func() error {
 		if v := readSysctl(t, "net/ipv6/conf/all/disable_ipv6"); v != "1" {
 			return fmt.Errorf("disable_ipv6 in sandbox = %s", v)
 		}
@@ -624,14 +501,14 @@ func TestIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	proxy := listenTCP(t, "", m.Config().ProxyAddr().String())
-	other := listenTCP(t, "", netip.AddrPortFrom(gw, 8080).String())
-	dns := listenUDP(t, netip.AddrPortFrom(gw, 53).String())
-	inB := listenTCP(t, b.NetNSPath, netip.AddrPortFrom(b.IP, 9090).String())
+	proxy := netnstest.ListenTCP(t, "", m.Config().ProxyAddr().String())
+	other := netnstest.ListenTCP(t, "", netip.AddrPortFrom(gw, 8080).String())
+	dns := netnstest.ListenUDP(t, "", netip.AddrPortFrom(gw, 53).String())
+	inB := netnstest.ListenTCP(t, b.NetNSPath, netip.AddrPortFrom(b.IP, 9090).String())
 	meta := metadataStandIn(t, e)
-	var host *counter
+	var host *netnstest.Counter
 	if ha, ok := hostAddr(t, e); ok {
-		host = listenTCP(t, "", netip.AddrPortFrom(ha, 0).String())
+		host = netnstest.ListenTCP(t, "", netip.AddrPortFrom(ha, 0).String())
 	} else {
 		t.Log("no host address outside the test network; skipping that check")
 	}
@@ -640,9 +517,9 @@ func TestIsolation(t *testing.T) {
 
 	t.Run("proxy reachable", func(t *testing.T) {
 		for _, att := range []*Attachment{a, b} {
-			got, err := dialFrom(att.NetNSPath, proxy.addr)
+			got, err := dialFrom(att.NetNSPath, proxy.Addr)
 			if err != nil || got != "ok" {
-				t.Fatalf("sandbox %s -> proxy %s: %q %v", att.IP, proxy.addr, got, err)
+				t.Fatalf("sandbox %s -> proxy %s: %q %v", att.IP, proxy.Addr, got, err)
 			}
 		}
 		waitCount(t, proxy, 2)
@@ -650,13 +527,13 @@ func TestIsolation(t *testing.T) {
 
 	t.Run("gateway other port", func(t *testing.T) {
 		before := counters(t, m)
-		_, err := dialFrom(a.NetNSPath, other.addr)
-		expectBlocked(t, "sandbox -> "+other.addr, err, other)
-		if _, err := dialFrom("", other.addr); err != nil {
-			t.Fatalf("control: host -> %s: %v", other.addr, err)
+		_, err := dialFrom(a.NetNSPath, other.Addr)
+		expectBlocked(t, "sandbox -> "+other.Addr, err, other)
+		if _, err := dialFrom("", other.Addr); err != nil {
+			t.Fatalf("control: host -> %s: %v", other.Addr, err)
 		}
 		waitCount(t, other, 1)
-		other.n.Store(0)
+		other.Reset()
 		expectIncreased(t, m, before, CounterInputHost)
 	})
 
@@ -668,39 +545,39 @@ func TestIsolation(t *testing.T) {
 
 	t.Run("udp 53 to gateway", func(t *testing.T) {
 		before := counters(t, m)
-		if err := sendUDPFrom(a.NetNSPath, dns.addr); err != nil {
+		if err := sendUDPFrom(a.NetNSPath, dns.Addr); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(300 * time.Millisecond)
-		if dns.count() != 0 {
-			t.Fatalf("udp listener %s got %d datagrams from the sandbox", dns.addr, dns.count())
+		if dns.Count() != 0 {
+			t.Fatalf("udp listener %s got %d datagrams from the sandbox", dns.Addr, dns.Count())
 		}
-		if err := sendUDPFrom("", dns.addr); err != nil {
+		if err := sendUDPFrom("", dns.Addr); err != nil {
 			t.Fatal(err)
 		}
 		waitCount(t, dns, 3)
-		dns.n.Store(0)
+		dns.Reset()
 		expectIncreased(t, m, before, CounterInputHost)
 	})
 
 	t.Run("sandbox to sandbox", func(t *testing.T) {
-		_, err := dialFrom(a.NetNSPath, inB.addr)
-		expectBlocked(t, "A -> B "+inB.addr, err, inB)
-		if _, err := dialFrom(b.NetNSPath, inB.addr); err != nil {
+		_, err := dialFrom(a.NetNSPath, inB.Addr)
+		expectBlocked(t, "A -> B "+inB.Addr, err, inB)
+		if _, err := dialFrom(b.NetNSPath, inB.Addr); err != nil {
 			t.Fatalf("control: B -> itself: %v", err)
 		}
 		waitCount(t, inB, 1)
-		inB.n.Store(0)
+		inB.Reset()
 		// Port isolation drops the frames before the bridge forward hook,
 		// so the nftables counter moves only in "bridge layers" below.
 	})
 
 	t.Run("off-subnet without a route", func(t *testing.T) {
-		_, err := dialFrom(a.NetNSPath, meta.addr)
+		_, err := dialFrom(a.NetNSPath, meta.Addr)
 		expectBlocked(t, "sandbox -> metadata stand-in", err, meta)
 		if host != nil {
-			_, err := dialFrom(a.NetNSPath, host.addr)
-			expectBlocked(t, "sandbox -> host address "+host.addr, err, host)
+			_, err := dialFrom(a.NetNSPath, host.Addr)
+			expectBlocked(t, "sandbox -> host address "+host.Addr, err, host)
 		}
 	})
 
@@ -713,7 +590,7 @@ func TestIsolation(t *testing.T) {
 	// address aimed at below still ends on this machine.
 	t.Run("with a default route and forwarding", func(t *testing.T) {
 		setSysctl(t, "net/ipv4/conf/"+e.cfg.Bridge+"/forwarding", "1")
-		err := inNetNS(a.NetNSPath, func() error {
+		err := netns.Do(a.NetNSPath, func() error {
 			l, err := netlink.LinkByName("eth0")
 			if err != nil {
 				return err
@@ -725,25 +602,25 @@ func TestIsolation(t *testing.T) {
 			t.Fatal(err)
 		}
 		c1 := counters(t, m)
-		_, err = dialFrom(a.NetNSPath, meta.addr)
+		_, err = dialFrom(a.NetNSPath, meta.Addr)
 		expectBlocked(t, "sandbox -> metadata stand-in via gateway", err, meta)
-		if _, err := dialFrom("", meta.addr); err != nil {
-			t.Fatalf("control: host -> %s: %v", meta.addr, err)
+		if _, err := dialFrom("", meta.Addr); err != nil {
+			t.Fatalf("control: host -> %s: %v", meta.Addr, err)
 		}
 		waitCount(t, meta, 1)
-		meta.n.Store(0)
+		meta.Reset()
 		c1 = expectIncreased(t, m, c1, CounterForwardFrom)
 		if host != nil {
-			_, err := dialFrom(a.NetNSPath, host.addr)
-			expectBlocked(t, "sandbox -> host address via gateway "+host.addr, err, host)
-			if _, err := dialFrom("", host.addr); err != nil {
-				t.Fatalf("control: host -> %s: %v", host.addr, err)
+			_, err := dialFrom(a.NetNSPath, host.Addr)
+			expectBlocked(t, "sandbox -> host address via gateway "+host.Addr, err, host)
+			if _, err := dialFrom("", host.Addr); err != nil {
+				t.Fatalf("control: host -> %s: %v", host.Addr, err)
 			}
 			waitCount(t, host, 1)
-			host.n.Store(0)
+			host.Reset()
 			expectIncreased(t, m, c1, CounterInputHost)
 		}
-		if got, err := dialFrom(a.NetNSPath, proxy.addr); err != nil || got != "ok" {
+		if got, err := dialFrom(a.NetNSPath, proxy.Addr); err != nil || got != "ok" {
 			t.Fatalf("sandbox -> proxy: %q %v", got, err)
 		}
 	})
@@ -751,8 +628,8 @@ func TestIsolation(t *testing.T) {
 	// A takes B's address as a second one and talks to the proxy from it:
 	// the bridge drops it (the port set allows A's port only A's address).
 	t.Run("spoofed source address", func(t *testing.T) {
-		before, accepted := counters(t, m), proxy.count()
-		err := inNetNS(a.NetNSPath, func() error {
+		before, accepted := counters(t, m), proxy.Count()
+		err := netns.Do(a.NetNSPath, func() error {
 			l, err := netlink.LinkByName("eth0")
 			if err != nil {
 				return err
@@ -762,30 +639,30 @@ func TestIsolation(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = inNetNS(a.NetNSPath, func() error {
+		err = netns.Do(a.NetNSPath, func() error {
 			d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: b.IP.AsSlice()}}
-			conn, err := d.Dial("tcp4", proxy.addr)
+			conn, err := d.Dial("tcp4", proxy.Addr)
 			if err == nil {
 				_ = conn.Close()
 			}
 			return err
 		})
 		expectBlocked(t, "A as B -> proxy", err, nil)
-		if proxy.count() != accepted {
+		if proxy.Count() != accepted {
 			t.Errorf("proxy accepted a connection from a spoofed source")
 		}
 		after := counters(t, m)
 		if after[CounterSpoofedIP]+after[CounterSpoofedARP] <= before[CounterSpoofedIP]+before[CounterSpoofedARP] {
 			t.Errorf("spoof counters did not move: %v -> %v", before, after)
 		}
-		_ = inNetNS(a.NetNSPath, func() error {
+		_ = netns.Do(a.NetNSPath, func() error {
 			l, err := netlink.LinkByName("eth0")
 			if err != nil {
 				return err
 			}
 			return netlink.AddrDel(l, &netlink.Addr{IPNet: &net.IPNet{IP: b.IP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
 		})
-		if got, err := dialFrom(a.NetNSPath, proxy.addr); err != nil || got != "ok" {
+		if got, err := dialFrom(a.NetNSPath, proxy.Addr); err != nil || got != "ok" {
 			t.Fatalf("A -> proxy from its own address afterwards: %q %v", got, err)
 		}
 	})
@@ -795,10 +672,10 @@ func TestIsolation(t *testing.T) {
 	// the bridge and are dropped on the way to the host.
 	t.Run("ipv6 from sandbox", func(t *testing.T) {
 		before := counters(t, m)
-		err := inNetNS(a.NetNSPath, func() error {
+		err := netns.Do(a.NetNSPath, func() error {
 			for _, k := range []string{"net/ipv6/conf/eth0/accept_dad", "net/ipv6/conf/all/disable_ipv6", "net/ipv6/conf/eth0/disable_ipv6"} {
 				v := "0"
-				if err := writeSysctl(k, v); err != nil {
+				if err := netns.WriteSysctl(k, v); err != nil {
 					return err
 				}
 			}
@@ -816,7 +693,7 @@ func TestIsolation(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		expectIncreased(t, m, before, CounterBridgeNonIP)
-		_ = inNetNS(a.NetNSPath, func() error { return writeSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
+		_ = netns.Do(a.NetNSPath, func() error { return netns.WriteSysctl("net/ipv6/conf/all/disable_ipv6", "1") })
 	})
 
 	t.Logf("drop counters: %v", counters(t, m))
@@ -838,7 +715,7 @@ func TestIsolation(t *testing.T) {
 		t.Cleanup(func() { setIsolated(true) })
 		c2 := counters(t, m)
 		setIsolated(false)
-		_, err := dialFrom(a.NetNSPath, inB.addr)
+		_, err := dialFrom(a.NetNSPath, inB.Addr)
 		expectBlocked(t, "A -> B, nftables bridge rule only", err, inB)
 		expectIncreased(t, m, c2, CounterBridgeFwd)
 
@@ -854,12 +731,12 @@ func TestIsolation(t *testing.T) {
 				t.Errorf("restore firewall: %v", err)
 			}
 		})
-		_, err = dialFrom(a.NetNSPath, inB.addr)
+		_, err = dialFrom(a.NetNSPath, inB.Addr)
 		expectBlocked(t, "A -> B, port isolation only", err, inB)
 
 		setIsolated(false)
 		// A remembers B as unreachable (a FAILED neighbour entry): forget it.
-		if err := inNetNS(a.NetNSPath, func() error {
+		if err := netns.Do(a.NetNSPath, func() error {
 			l, err := netlink.LinkByName("eth0")
 			if err != nil {
 				return err
@@ -868,23 +745,23 @@ func TestIsolation(t *testing.T) {
 		}); err != nil {
 			t.Logf("forget neighbour: %v", err)
 		}
-		if _, err := dialFrom(a.NetNSPath, inB.addr); err != nil {
+		if _, err := dialFrom(a.NetNSPath, inB.Addr); err != nil {
 			t.Fatalf("control: A -> B with both layers off: %v (counters %v)", err, counters(t, m))
 		}
 		waitCount(t, inB, 1)
-		inB.n.Store(0)
+		inB.Reset()
 		setIsolated(true)
 		if err := m.EnsureFirewall(); err != nil {
 			t.Fatal(err)
 		}
-		_, err = dialFrom(a.NetNSPath, inB.addr)
+		_, err = dialFrom(a.NetNSPath, inB.Addr)
 		expectBlocked(t, "A -> B, both layers back", err, inB)
 	})
 
 	// EnsureFirewall ran again above: the port set kept its entries, so the
 	// sandboxes still reach the proxy.
 	for _, att := range []*Attachment{a, b} {
-		if got, err := dialFrom(att.NetNSPath, proxy.addr); err != nil || got != "ok" {
+		if got, err := dialFrom(att.NetNSPath, proxy.Addr); err != nil || got != "ok" {
 			t.Errorf("after EnsureFirewall again: %s -> proxy: %q %v", att.IP, got, err)
 		}
 	}
@@ -1109,17 +986,17 @@ func TestGC(t *testing.T) {
 		NetNSPath: filepath.Join(e.cfg.NetNSDir, strayName)}); err != nil {
 		t.Fatal(err)
 	}
-	stray, err := createNetNS(e.cfg.NetNSDir, strayName)
+	stray, err := netns.Create(e.cfg.NetNSDir, strayName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = deleteNetNS(stray) })
+	t.Cleanup(func() { _ = netns.Delete(stray) })
 	// Someone else's namespace that merely looks like ours.
-	foreign, err := createNetNS(e.cfg.NetNSDir, "airlock-inet-"+randHex(t, 3))
+	foreign, err := netns.Create(e.cfg.NetNSDir, "airlock-inet-"+randHex(t, 3))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = deleteNetNS(foreign) })
+	t.Cleanup(func() { _ = netns.Delete(foreign) })
 	kept := attach(t, live, "running")
 	// An attachment whose namespace and record are gone but whose address
 	// is still allocated (a crash in the middle of Detach).
@@ -1127,7 +1004,7 @@ func TestGC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := deleteNetNS(half.NetNSPath); err != nil {
+	if err := netns.Delete(half.NetNSPath); err != nil {
 		t.Fatal(err)
 	}
 	if err := dead.removeRecord(half.Name); err != nil {

@@ -27,6 +27,10 @@ const NS = 'airlock';
 const SANDBOX_NS = 'airlock-sandboxes';
 const PORT = 8765;
 const CONSOLE_PORT = 8766;
+// The node's address (cluster.sh) and the port the overlay's networked runs
+// may reach there.
+const NODE_IP = '10.217.0.1';
+const UPSTREAM_PORT = 18080;
 // What a stateless (2026-07-28) client puts in every request's _meta.
 const MODERN_META = {
   'io.modelcontextprotocol/protocolVersion': '2026-07-28',
@@ -214,6 +218,50 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     for (const ip of podIPs) {
       const r = await freshFetch('wrong')(`http://${ip}:${PORT}/mcp`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
       assert.equal(r.status, 401, `replica ${ip}`);
+    }
+  });
+
+  test('a networked run through the Service: the allowed name through its replica\'s proxy, another refused and reported, nothing past the proxy', async () => {
+    // The overlay's api.test: a server of the test's on the node's address.
+    const sources = new Map();
+    const upstream = http.createServer((req, res) => {
+      sources.set(req.socket.remoteAddress, (sources.get(req.socket.remoteAddress) ?? 0) + 1);
+      res.end(`hello from upstream ${req.headers.host}`);
+    });
+    await new Promise((resolve, reject) => upstream.once('error', reject).listen(UPSTREAM_PORT, NODE_IP, resolve));
+    try {
+      const c = await client(serviceIP, 'deploy-network');
+      const code = `import os, socket, urllib.request, urllib.error
+print("proxy", os.environ.get("HTTP_PROXY"))
+print(urllib.request.urlopen("http://api.test:${UPSTREAM_PORT}/", timeout=20).read().decode())
+try:
+    urllib.request.urlopen("http://other.test:${UPSTREAM_PORT}/", timeout=20)
+    print("other: reached")
+except urllib.error.HTTPError as e:
+    print("other: refused", e.code)
+for host, port in [("${NODE_IP}", ${UPSTREAM_PORT}), ("${serviceIP}", ${PORT})]:
+    try:
+        socket.create_connection((host, port), timeout=3).close()
+        print("direct", host, "open")
+    except OSError as e:
+        print("direct", host, "blocked")
+`;
+      const r = await callWith(c, 'run_python', { code, network: 'allowlist' }, { timeout: 300_000 });
+      await c.close();
+      assert.equal(r.isError, false, r.text);
+      const out = r.sc.stdout;
+      // The pod's proxy is a replica's own address, on the egress port.
+      const proxy = out.match(/^proxy http:\/\/([\d.]+):3128$/m);
+      assert.ok(proxy && podIPs.includes(proxy[1]), `the sandbox's proxy is no replica's: ${out}`);
+      assert.match(out, /hello from upstream api\.test:18080/);
+      assert.match(out, /other: refused 403/);
+      assert.match(out, new RegExp(`direct ${NODE_IP} blocked`));
+      assert.match(out, new RegExp(`direct ${serviceIP.replaceAll('.', '\\.')} blocked`));
+      assert.deepEqual(r.sc.egress_denied, [{ host: 'other.test', port: UPSTREAM_PORT, reason: 'not in allow-list' }]);
+      // Only the replica's proxy came to the upstream, once: no sandbox did.
+      assert.deepEqual([...sources], [[proxy[1], 1]]);
+    } finally {
+      upstream.close();
     }
   });
 

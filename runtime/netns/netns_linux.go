@@ -1,4 +1,7 @@
-package network
+// Package netns creates, enters and removes named network namespaces: the
+// host backend's sandbox namespaces, and the test-owned ones its tests and
+// the Kubernetes backend's tests route stand-in hosts into.
+package netns
 
 import (
 	"errors"
@@ -11,10 +14,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ensureNetNSDir makes dir a shared mount point, as `ip netns add` does, so
+// ensureDir makes dir a shared mount point, as `ip netns add` does, so
 // namespace bind mounts made later propagate to (and can be unmounted from)
 // other mount namespaces.
-func ensureNetNSDir(dir string) error {
+func ensureDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -35,12 +38,12 @@ func ensureNetNSDir(dir string) error {
 	return nil
 }
 
-// createNetNS creates the named network namespace dir/name, brings its
-// loopback up and turns IPv6 off in it. The new namespace is made on a
-// locked OS thread that is never returned to the Go scheduler (the goroutine
-// exits still locked, so the runtime discards the thread).
-func createNetNS(dir, name string) (string, error) {
-	if err := ensureNetNSDir(dir); err != nil {
+// Create creates the named network namespace dir/name, brings its loopback
+// up and turns IPv6 off in it, and returns its path. The new namespace is
+// made on a locked OS thread that is never returned to the Go scheduler
+// (the goroutine exits still locked, so the runtime discards the thread).
+func Create(dir, name string) (string, error) {
+	if err := ensureDir(dir); err != nil {
 		return "", err
 	}
 	path := filepath.Join(dir, name)
@@ -62,20 +65,20 @@ func createNetNS(dir, name string) (string, error) {
 			errc <- fmt.Errorf("bind mount netns: %w", err)
 			return
 		}
-		errc <- setupNetNSHere()
+		errc <- setupHere()
 	}()
 	if err := <-errc; err != nil {
-		_ = deleteNetNS(path)
+		_ = Delete(path)
 		return "", err
 	}
 	return path, nil
 }
 
-// setupNetNSHere runs on a thread inside the new namespace.
-func setupNetNSHere() error {
+// setupHere runs on a thread inside the new namespace.
+func setupHere() error {
 	// /proc/sys/net shows the namespace of the thread that opens it.
 	for _, k := range []string{"all", "default", "lo"} {
-		if err := writeSysctl("net/ipv6/conf/"+k+"/disable_ipv6", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := WriteSysctl("net/ipv6/conf/"+k+"/disable_ipv6", "1"); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
@@ -89,7 +92,9 @@ func setupNetNSHere() error {
 	return nil
 }
 
-func writeSysctl(key, value string) error {
+// WriteSysctl sets /proc/sys/key, in the network namespace of the calling
+// thread for keys under net/.
+func WriteSysctl(key, value string) error {
 	p := filepath.Join("/proc/sys", key)
 	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
 		return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
@@ -97,8 +102,8 @@ func writeSysctl(key, value string) error {
 	return nil
 }
 
-// deleteNetNS unmounts and removes a named namespace; absent is fine.
-func deleteNetNS(path string) error {
+// Delete unmounts and removes a named namespace; absent is fine.
+func Delete(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil &&
 		!errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount netns %s: %w", path, err)
@@ -109,10 +114,14 @@ func deleteNetNS(path string) error {
 	return nil
 }
 
-// inNetNS runs fn on an OS thread that has joined the namespace at path.
-// Sockets fn creates belong to that namespace and stay usable from any
-// goroutine afterwards. The thread is discarded when fn returns.
-func inNetNS(path string, fn func() error) error {
+// Do runs fn on an OS thread that has joined the namespace at path ("" for
+// the caller's own, on the calling goroutine). Sockets fn creates belong to
+// that namespace and stay usable from any goroutine afterwards. The thread
+// is discarded when fn returns.
+func Do(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
