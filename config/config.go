@@ -586,8 +586,8 @@ func (c Config) Validate() error {
 			"kubernetes.network_runtime_class must differ from kubernetes.runtime_class: runs without a network keep a handler with none"},
 		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || validListen(c.Kubernetes.EgressListen),
 			"kubernetes.egress_listen must be host:port (\":3128\": every address of the pod)"},
-		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.EgressAddress == "" || validHostPort(c.Kubernetes.EgressAddress) || validHost(c.Kubernetes.EgressAddress),
-			"kubernetes.egress_address must be host:port, or a host (egress_listen's port), or empty ($POD_IP and egress_listen's port)"},
+		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.EgressAddress == "" || validIPOrIPPort(c.Kubernetes.EgressAddress),
+			"kubernetes.egress_address must be an IP address with or without a port (egress_listen's), or empty ($POD_IP and egress_listen's port): sandboxes have no resolver"},
 		{l.TimeoutS >= 1, "limits.timeout_s must be at least 1"},
 		{l.MaxTimeoutS >= l.TimeoutS, "limits.max_timeout_s must be at least limits.timeout_s"},
 		{l.MemoryMB >= 32, "limits.memory_mb must be at least 32"},
@@ -758,16 +758,18 @@ func validListen(s string) bool {
 	return err == nil && p != ""
 }
 
-// validHost reports whether s is an address or a name without a port.
-func validHost(s string) bool {
-	if _, err := netip.ParseAddr(s); err == nil {
-		return true
-	}
-	return s != "" && !strings.ContainsAny(s, ":/ ")
-}
-
 // validHostPort reports whether s is host:port with both parts present.
 func validHostPort(s string) bool {
 	h, p, err := net.SplitHostPort(s)
 	return err == nil && h != "" && p != ""
+}
+
+// validIPOrIPPort reports whether s is an IP address, or an IP address
+// and port.
+func validIPOrIPPort(s string) bool {
+	if _, err := netip.ParseAddr(s); err == nil {
+		return true
+	}
+	_, err := netip.ParseAddrPort(s)
+	return err == nil
 }

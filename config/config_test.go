@@ -117,7 +117,7 @@ func TestValidateNamesTheKey(t *testing.T) {
 		"kubernetes.egress_address": func(c *Config) {
 			c.Runtime.Backend = BackendKubernetes
 			c.Network.AllowDomains = []string{"pypi.org"}
-			c.Kubernetes.NetworkRuntimeClass, c.Kubernetes.EgressAddress = "gvisor-net", ":3128"
+			c.Kubernetes.NetworkRuntimeClass, c.Kubernetes.EgressAddress = "gvisor-net", "airlock-egress.airlock:3128"
 		},
 	}
 	for key, mutate := range cases {

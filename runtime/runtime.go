@@ -171,6 +171,8 @@ type SessionRecord struct {
 	Created time.Time
 	Idle    time.Duration
 	Calls   int
+	// Egress is a networked session's allow-list; nil for none.
+	Egress *egress.Policy
 }
 
 // SessionAdopter is a SessionManager whose sessions outlive the process

@@ -109,6 +109,9 @@ func (h *Handlers) findSession(ctx context.Context, id, client string) (*session
 	}
 	now := time.Now()
 	e := &sessionEntry{id: id, owner: rec.Owner, s: sess, network: config.NetworkNone, created: rec.Created, used: now, idle: rec.Idle, calls: rec.Calls}
+	if rec.Egress != nil {
+		e.network, e.policy = config.NetworkAllowlist, rec.Egress
+	}
 	h.sessions.mu.Lock()
 	h.sessions.m[id] = e
 	h.sessions.mu.Unlock()

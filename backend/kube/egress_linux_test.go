@@ -60,6 +60,111 @@ func netConfig(ns, node string) config.Config {
 	return cfg
 }
 
+// upstream is an HTTP server of the test's on the node, standing in for
+// the domains the tests allow: it answers with the name asked for and
+// counts requests by source address.
+type upstream struct {
+	port    int
+	mu      sync.Mutex
+	sources map[string]int
+}
+
+func startUpstream(t *testing.T, node string) *upstream {
+	t.Helper()
+	u := &upstream{sources: map[string]int{}}
+	ln, err := net.Listen("tcp", net.JoinHostPort(node, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		u.mu.Lock()
+		u.sources[host]++
+		u.mu.Unlock()
+		fmt.Fprintf(w, "hello from upstream %s", strings.Split(r.Host, ":")[0])
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	u.port = ln.Addr().(*net.TCPAddr).Port
+	return u
+}
+
+// only checks that every request came from the proxies' address (the
+// node), and that there were want of them.
+func (u *upstream) only(t *testing.T, node string, want int) {
+	t.Helper()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for src, n := range u.sources {
+		if src != node {
+			t.Errorf("the upstream saw %d connections from %s, past the proxy (which dials from %s)", n, src, node)
+		}
+	}
+	if u.sources[node] != want {
+		t.Errorf("the upstream saw %d requests through the proxy, want %d", u.sources[node], want)
+	}
+}
+
+// netTestConfig is netConfig allowing api.test and other.test, both the
+// upstream on the node.
+func netTestConfig(t *testing.T, ns, node string, up *upstream) config.Config {
+	t.Helper()
+	cfg := netConfig(ns, node)
+	cfg.Network.AllowDomains = []string{"api.test", "other.test"}
+	cfg.Network.AllowPorts = []int{up.port}
+	cfg.Network.Hosts = []config.HostEntry{{Name: "api.test", Addrs: []string{node}}, {Name: "other.test", Addrs: []string{node}}}
+	cfg.Network.AllowPrivate = []string{node + "/32"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the test's config: %v", err)
+	}
+	return cfg
+}
+
+// upNet starts a Manager from cfg, as one airlock replica on the node,
+// and returns it with its egress proxy's port.
+func upNet(t *testing.T, cfg config.Config) (*Manager, int) {
+	t.Helper()
+	m, err := Up(context.Background(), cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close(context.Background()) })
+	pu, err := url.Parse(m.o.Net.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, _ := strconv.Atoi(pu.Port())
+	return m, port
+}
+
+// fenceForProxies applies the base's deny-all and lets networked pods
+// reach the node on the proxies' ports only. In a cluster the proxies are
+// airlock's pods (the base's sandboxes-egress-proxy selects them); here
+// airlock runs on the node.
+func fenceForProxies(t *testing.T, cs *kubernetes.Clientset, ns, node string, ports ...int) {
+	t.Helper()
+	applyPolicy(t, cs, ns)
+	tcp := corev1.ProtocolTCP
+	var allowed []networkingv1.NetworkPolicyPort
+	for _, p := range ports {
+		port := intstr.FromInt32(int32(p))
+		allowed = append(allowed, networkingv1.NetworkPolicyPort{Protocol: &tcp, Port: &port})
+	}
+	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Create(context.Background(), &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "to-the-proxy"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelNetwork: "allowlist"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: node + "/32"}}},
+				Ports: allowed,
+			}},
+		},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A networked run on the cluster: a gVisor pod with a network, whose code
 // reaches the domain the call allowed through this airlock's egress proxy
 // (the host backend's code), is refused another, and cannot get past the
@@ -70,62 +175,10 @@ func TestNetworkedRunOnCluster(t *testing.T) {
 	ctx := context.Background()
 	ns := testNamespace(t, cs)
 	node := nodeAddress(t, cs, "")
-
-	var mu sync.Mutex
-	sources := map[string]int{}
-	up, err := net.Listen("tcp", net.JoinHostPort(node, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		mu.Lock()
-		sources[host]++
-		mu.Unlock()
-		fmt.Fprintf(w, "hello from upstream %s", strings.Split(r.Host, ":")[0])
-	})}
-	go func() { _ = srv.Serve(up) }()
-	t.Cleanup(func() { _ = srv.Close() })
-	upPort := up.Addr().(*net.TCPAddr).Port
-
-	cfg := netConfig(ns, node)
-	cfg.Network.AllowDomains = []string{"api.test", "other.test"}
-	cfg.Network.AllowPorts = []int{upPort}
-	cfg.Network.Hosts = []config.HostEntry{{Name: "api.test", Addrs: []string{node}}, {Name: "other.test", Addrs: []string{node}}}
-	cfg.Network.AllowPrivate = []string{node + "/32"}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("the test's config: %v", err)
-	}
-	m, err := Up(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close(context.Background()) })
-	pu, err := url.Parse(m.o.Net.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxyPort, _ := strconv.Atoi(pu.Port())
-
-	// The base's deny-all, and the one way out: the proxy. In a cluster
-	// the proxy is airlock's pods (the base selects them); here airlock
-	// runs on the node.
-	applyPolicy(t, cs, ns)
-	tcp := corev1.ProtocolTCP
-	port := intstr.FromInt32(int32(proxyPort))
-	if _, err := cs.NetworkingV1().NetworkPolicies(ns).Create(ctx, &networkingv1.NetworkPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "to-the-proxy"},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{LabelNetwork: "allowlist"}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
-			Egress: []networkingv1.NetworkPolicyEgressRule{{
-				To:    []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: node + "/32"}}},
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
-			}},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	up := startUpstream(t, node)
+	upPort := up.port
+	m, proxyPort := upNet(t, netTestConfig(t, ns, node, up))
+	fenceForProxies(t, cs, ns, node, proxyPort)
 
 	call, err := m.o.Net.Policy.Narrow([]string{"api.test"})
 	if err != nil {
@@ -160,16 +213,7 @@ except OSError as e:
 	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != "other.test" {
 		t.Errorf("egress_denied = %+v, want other.test alone", res.EgressDenied)
 	}
-	mu.Lock()
-	for src, n := range sources {
-		if src != node {
-			t.Errorf("the upstream saw %d connections from %s, past the proxy (which dials from %s)", n, src, node)
-		}
-	}
-	if sources[node] != 1 {
-		t.Errorf("the upstream saw %d requests through the proxy, want 1 (api.test)", sources[node])
-	}
-	mu.Unlock()
+	up.only(t, node, 1) // api.test
 
 	// A run without a network keeps gVisor's handler without one.
 	res, err = m.Run(ctx, runtime.Request{Language: runtime.Shell, Code: "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '", Limits: testLimits()})
@@ -207,5 +251,97 @@ func TestNetworkedRunRefusedUnfenced(t *testing.T) {
 	}
 	if strings.Contains(res.Stdout, "ran") {
 		t.Error("the code ran in an unfenced pod")
+	}
+}
+
+// A networked session outlives the replica that opened it. Its code is
+// told of one proxy, the driver's relay on the pod's loopback; the replica
+// that takes the session over lets the pod through its own proxy and
+// points the relay there, so what the code cached (urllib's opener) keeps
+// working; that replica's results carry the refusals; and the first
+// replica lets the pod's address go, so its proxy refuses it.
+func TestNetworkedSessionOnCluster(t *testing.T) {
+	cs, _ := needCluster(t)
+	ctx := context.Background()
+	ns := testNamespace(t, cs)
+	node := nodeAddress(t, cs, "")
+	up := startUpstream(t, node)
+	cfg := netTestConfig(t, ns, node, up)
+	a, aPort := upNet(t, cfg)
+	b, bPort := upNet(t, cfg)
+	fenceForProxies(t, cs, ns, node, aPort, bPort)
+
+	pol, err := a.o.Net.Policy.Narrow([]string{"api.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "s" + runtime.NewRunID()
+	sa, err := a.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: testLimits(), Egress: &pol, Owner: "alice", Idle: 5 * time.Minute, Lifetime: 10 * time.Minute})
+	if err != nil {
+		t.Fatalf("open a networked session: %v", err)
+	}
+	t.Cleanup(sa.Close)
+	proxyA, proxyB := fmt.Sprintf("http://%s:%d", node, aPort), fmt.Sprintf("http://%s:%d", node, bPort)
+	res, err := runPython(sa, fmt.Sprintf(`import os, urllib.request, urllib.error
+def get(host, proxy=None):
+    open_ = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy})).open if proxy else urllib.request.urlopen
+    try:
+        return open_("http://%%s:%d/" %% host, timeout=20).read().decode()
+    except urllib.error.HTTPError as e:
+        return "refused %%d %%s" %% (e.code, e.read().decode().strip())
+    except OSError as e:
+        return "failed %%s" %% e
+print("proxy", os.environ["HTTP_PROXY"])
+print("api:", get("api.test"))
+print("other:", get("other.test"))
+print("via A:", get("api.test", %q))
+print("via B:", get("api.test", %q))
+`, up.port, proxyA, proxyB))
+	if err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	for _, want := range []string{"proxy http://" + SessionRelay, "api: hello from upstream api.test", "other: refused 403",
+		"via A: hello from upstream api.test", "via B: refused 403 egress: this source address is not registered"} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("first call (on A): stdout lacks %q:\n%s\nstderr: %s", want, res.Stdout, res.Stderr)
+		}
+	}
+	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != "other.test" {
+		t.Errorf("first call's egress_denied = %+v, want other.test alone", res.EgressDenied)
+	}
+
+	sb, rec, err := b.AdoptSession(ctx, id, "alice")
+	if err != nil {
+		t.Fatalf("take the networked session over: %v", err)
+	}
+	t.Cleanup(sb.Close)
+	if rec.Egress == nil || strings.Join(rec.Egress.Domains(), ",") != "api.test" {
+		t.Errorf("the taken-over session's allow-list: %v, want api.test", rec.Egress)
+	}
+	// A lets go of the pod's address as soon as it sees B's hello.
+	waitFor(t, 30*time.Second, "the first replica to see the takeover", func() (bool, error) { return sa.Lost(), nil })
+	res, err = runPython(sb, fmt.Sprintf(`print("api:", get("api.test"))
+print("other:", get("other.test"))
+print("via A:", get("api.test", %q))
+print("via B:", get("api.test", %q))
+`, proxyA, proxyB))
+	if err != nil {
+		t.Fatalf("call after the takeover: %v", err)
+	}
+	for _, want := range []string{"api: hello from upstream api.test", "other: refused 403",
+		"via A: refused 403 egress: this source address is not registered", "via B: hello from upstream api.test"} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("call on B: stdout lacks %q:\n%s\nstderr: %s", want, res.Stdout, res.Stderr)
+		}
+	}
+	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != "other.test" {
+		t.Errorf("call on B: egress_denied = %+v, want other.test alone (B's proxy refused it)", res.EgressDenied)
+	}
+	up.only(t, node, 4) // api.test through each proxy, by the relay and directly
+	sb.Close()
+	b.WaitTeardowns()
+	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelSession + "=" + id})
+	if err != nil || len(pods.Items) != 0 {
+		t.Errorf("session pods left after close: %d (%v)", len(pods.Items), err)
 	}
 }

@@ -105,6 +105,7 @@ func (ss *session) Release() {
 		return
 	}
 	ss.closed = true
+	ss.p.letGo()
 	ss.p.detach()
 	ss.p.log.Info("session handed on to the other airlocks", "idle_until", ss.obj.Annotations[annIdleUntil])
 }

@@ -185,7 +185,7 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	}
 	warm := p != nil
 	if p == nil {
-		if p, err = m.create(ctx, req.RunID, req.Limits, networked); err != nil {
+		if p, err = m.create(ctx, req.RunID, req.Limits, req.Egress); err != nil {
 			release()
 			return res, err
 		}
@@ -194,11 +194,8 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	startRun := time.Now()
 	var files map[string][]byte
 	if networked {
-		unregister, err := m.register(p, req.RunID, *req.Egress)
-		if err != nil {
-			return res, err
-		}
-		defer unregister() // before the pod goes: its address may be reused
+		// The pod was registered with the proxy as it started; its
+		// teardown unregisters it before the pod goes.
 		files = runtime.ProxyFiles(m.o.Net.URL, m.o.Net.CABundle)
 	}
 	res, err = exchange.Run(ctx, p, req, files, false)
@@ -218,9 +215,9 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 
 // create makes a pod for a run and waits until its driver says hello,
 // through the breaker.
-func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits, networked bool) (p *pod, err error) {
+func (m *Manager) create(ctx context.Context, runID string, lim runtime.Limits, pol *egress.Policy) (p *pod, err error) {
 	err = m.breaker.Guard(ctx, func() error {
-		p, err = m.startPod(ctx, runID, lim, networked)
+		p, err = m.startPod(ctx, runID, lim, pol)
 		return err
 	})
 	if err != nil {
@@ -250,13 +247,16 @@ func (m *Manager) Close(ctx context.Context) error {
 }
 
 // register lets the pod's address through this replica's egress proxy
-// under pol, for the run.
-func (m *Manager) register(p *pod, runID string, pol egress.Policy) (unregister func(), err error) {
+// under pol, with its refusals kept under id, until the pod's letGo.
+func (m *Manager) register(p *pod, id string, pol egress.Policy) error {
 	ip, err := netip.ParseAddr(p.ip)
 	if err != nil {
-		return nil, runtime.Infra("sandbox pod address", fmt.Errorf("%q: %w", p.ip, err))
+		return runtime.Infra("sandbox pod address", fmt.Errorf("%q: %w", p.ip, err))
 	}
-	return m.o.Net.Proxy.Register(ip, runID, pol), nil
+	unregister := m.o.Net.Proxy.Register(ip, id, pol)
+	p.letGo() // a registration this pod had: replaced
+	p.unregister.Store(&unregister)
+	return nil
 }
 
 // EgressPolicy is the operator's allow-list when networked runs are

@@ -23,6 +23,7 @@ import (
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/exchange"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // pod is one sandbox pod and the attach stream to its driver. It
@@ -45,6 +46,9 @@ type pod struct {
 	// over): foreign is set, and this end detaches.
 	token   string
 	foreign atomic.Bool
+	// unregister, while set, lets the pod's address go from this
+	// replica's egress proxy (letGo).
+	unregister atomic.Pointer[func()]
 
 	mu         sync.Mutex
 	terminated *corev1.ContainerStateTerminated
@@ -93,27 +97,51 @@ func (m *Manager) policy(name string, labels map[string]string, lim runtime.Limi
 
 // startPod creates the pod of a run, waits for it to run, attaches to its
 // driver and waits for its hello. On error the pod is deleted.
-func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits, networked bool) (*pod, error) {
+func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits, pol *egress.Policy) (*pod, error) {
 	pp := m.policy("airlock-"+runID, map[string]string{LabelRun: runID}, lim, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute)
-	if networked {
-		// gVisor with a network, marked for the NetworkPolicy that lets it
-		// reach the proxy, told where the proxy is, and holding the code
-		// back until the namespace's policy is in force for it.
-		pp.RuntimeClass = m.o.Net.RuntimeClass
-		pp.AwaitFence = true
-		pp.Labels[LabelNetwork] = "allowlist"
-		pp.Env = runtime.BuildEnv(m.o.Env, runtime.ProxyEnv(m.o.Net.URL, len(m.o.Net.CABundle) > 0))
+	var reg *registration
+	if pol != nil {
+		addr, err := m.proxyAddr()
+		if err != nil {
+			return nil, err
+		}
+		m.networked(&pp, m.o.Net.URL)
+		pp.EgressProxy = addr
+		reg = &registration{id: runID, pol: *pol}
 	}
 	spec, err := Pod(pp)
 	if err != nil {
 		return nil, err
 	}
-	return m.startSpec(ctx, spec, lim, m.o.Log.With("pod", spec.Name, "run", runID))
+	return m.startSpec(ctx, spec, lim, reg, m.o.Log.With("pod", spec.Name, "run", runID))
+}
+
+// registration is what a networked pod is let through this replica's
+// egress proxy under: its run's or session's id (which its refusals are
+// kept under) and allow-list.
+type registration struct {
+	id  string
+	pol egress.Policy
+}
+
+// networked makes pp a networked pod's: gVisor with a network, marked for
+// the NetworkPolicy that lets it reach the proxy, told the proxy is at
+// proxyURL, and holding the code back until the namespace's policy is in
+// force for it.
+func (m *Manager) networked(pp *PodPolicy, proxyURL string) {
+	pp.RuntimeClass = m.o.Net.RuntimeClass
+	pp.AwaitFence = true
+	pp.Labels[LabelNetwork] = "allowlist"
+	pp.Env = runtime.BuildEnv(m.o.Env, runtime.ProxyEnv(proxyURL, len(m.o.Net.CABundle) > 0))
 }
 
 // startSpec creates the pod spec describes, waits for it to run, attaches
 // to its driver and waits for its hello. On error the pod is deleted.
-func (m *Manager) startSpec(ctx context.Context, spec *corev1.Pod, lim runtime.Limits, log *slog.Logger) (_ *pod, err error) {
+//
+// A networked pod (reg set) is registered with this replica's proxy once
+// it has its address and before the attach: its driver, at the attach,
+// makes sure it can reach the proxy, which must know it by then.
+func (m *Manager) startSpec(ctx context.Context, spec *corev1.Pod, lim runtime.Limits, reg *registration, log *slog.Logger) (_ *pod, err error) {
 	p := m.newPod(spec.Name, log)
 	if _, err := m.o.Client.CoreV1().Pods(m.o.Namespace).Create(ctx, spec, metav1.CreateOptions{}); err != nil {
 		return nil, createError(err, lim)
@@ -128,6 +156,11 @@ func (m *Manager) startSpec(ctx context.Context, spec *corev1.Pod, lim runtime.L
 		return nil, err
 	}
 	p.step("running")
+	if reg != nil {
+		if err := m.register(p, reg.id, reg.pol); err != nil {
+			return nil, err
+		}
+	}
 	if err := p.attach(ctx); err != nil {
 		return nil, err
 	}
@@ -307,12 +340,23 @@ func (p *pod) attach(ctx context.Context) error {
 	}
 }
 
+// letGo ends the pod's registration with this replica's egress proxy,
+// once; nothing when it has none.
+func (p *pod) letGo() {
+	if f := p.unregister.Swap(nil); f != nil {
+		(*f)()
+	}
+}
+
 // sawHello notices a Hello that answers another host's attach.
 func (p *pod) sawHello(h driver.Hello) {
 	if h.Attach == "" || h.Attach == p.token {
 		return
 	}
 	p.log.Info("another airlock attached to the sandbox pod; detaching")
+	// Before foreign is seen set: whoever sees it may count on the
+	// address being gone from this replica's proxy.
+	p.letGo()
 	p.foreign.Store(true)
 	// Its output now goes to both; nobody would read this end's.
 	p.cancel()
@@ -424,6 +468,8 @@ func (p *pod) delete(ctx context.Context) {
 // destroy deletes the pod and waits until the API server has let it go,
 // then ends the stream; once, on every path.
 func (p *pod) destroy() {
+	// First: the address may be reused once the pod is gone.
+	p.letGo()
 	p.mu.Lock()
 	if p.destroyed {
 		p.mu.Unlock()

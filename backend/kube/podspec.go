@@ -36,6 +36,14 @@ type PodPolicy struct {
 	// cannot reach the API server: its NetworkPolicy is in force
 	// (networked pods).
 	AwaitFence bool
+	// EgressProxy is a networked pod's egress proxy (IP:port): its driver
+	// waits, at the first attach, until it can reach it.
+	EgressProxy string
+	// EgressRelay, when set, is the address inside the pod where the
+	// driver relays connections to EgressProxy, and to whichever proxy a
+	// later holder names: a networked session's pods, which outlive the
+	// replica that made them.
+	EgressRelay string
 	// UID and GID are the code's user; the driver starts the code as them.
 	UID, GID uint32
 	// Preload starts the driver's warm Python worker (warm pods),
@@ -234,6 +242,12 @@ func Command(p PodPolicy) []string {
 	}
 	if p.AwaitFence {
 		args = append(args, "--await-fence")
+	}
+	if p.EgressProxy != "" {
+		args = append(args, "--egress-proxy", p.EgressProxy)
+	}
+	if p.EgressRelay != "" {
+		args = append(args, "--egress-relay", p.EgressRelay)
 	}
 	return args
 }

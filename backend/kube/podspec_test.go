@@ -231,3 +231,24 @@ func TestPodAwaitsFence(t *testing.T) {
 		t.Error("a pod without a network waits for a fence")
 	}
 }
+
+// A networked session's driver relays its proxy from the pod's loopback,
+// starting with the proxy it was given; no other pod's does.
+func TestPodEgressRelay(t *testing.T) {
+	p := policy()
+	p.AwaitFence = true
+	p.EgressRelay, p.EgressProxy = SessionRelay, "10.0.0.7:3128"
+	pod, err := Pod(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(runtime.DriverArgs(1000, 1000, false, nil), "--hello-on-attach", "--nproc", "64", "--nofile", "1024", "--await-fence",
+		"--egress-proxy", "10.0.0.7:3128", "--egress-relay", "127.0.0.1:3128")
+	if got := pod.Spec.Containers[0].Command; !reflect.DeepEqual(got, want) {
+		t.Errorf("command %v, want %v", got, want)
+	}
+	plain, _ := Pod(policy())
+	if slices.Contains(plain.Spec.Containers[0].Command, "--egress-relay") {
+		t.Error("a pod without a session's network relays")
+	}
+}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
+	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +20,7 @@ import (
 	"github.com/airlock-mcp/airlock/runtime"
 	"github.com/airlock-mcp/airlock/runtime/driver"
 	"github.com/airlock-mcp/airlock/runtime/exchange"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // A session pod outlives the airlock that opened it: it has no owner (an
@@ -36,7 +40,17 @@ const (
 	// annBusyUntil is set while a call runs: until then no other airlock
 	// takes the session over (its holder may be alive and mid-call).
 	annBusyUntil = "airlock.dev/busy-until"
+	// annEgress is a networked session's allow-list (its domains, comma
+	// separated), so that whichever airlock takes it over lets it through
+	// the same.
+	annEgress = "airlock.dev/session-egress"
 )
+
+// SessionRelay is where a networked session's code finds its proxy: the
+// driver's relay on the pod's loopback, which follows the session from
+// holder to holder (each says where its proxy is with FrameEgress). A
+// pod's environment is fixed at its start, and code caches what it read.
+const SessionRelay = "127.0.0.1:3128"
 
 // busySlack is added to a call's timeout for its busy mark: the interrupt
 // and the answer take a moment past the timeout.
@@ -58,13 +72,20 @@ type session struct {
 	closed bool
 	// lost is read without mu: the reaper asks while a call holds it.
 	lost atomic.Bool
+
+	// A networked session's allow-list and the files its calls get (pip's
+	// configuration, the CA bundle). The pod's registration with this
+	// replica's proxy goes when this replica lets go of the pod.
+	egress *egress.Policy
+	files  map[string][]byte
 }
 
 // OpenSession starts a session in a pod of its own, never a warm one: a
 // warm pod's deadline is a run's and may only go down.
 func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (runtime.Session, error) {
-	if o.Egress != nil {
-		return nil, errors.New("runtime: the kubernetes backend offers no networked sessions yet (networked runs, yes)")
+	networked := o.Egress != nil
+	if networked && m.o.Net == nil {
+		return nil, errors.New("runtime: this airlock offers no networked sessions on the cluster (set kubernetes.network_runtime_class and network.allow_domains)")
 	}
 	if o.Lifetime <= 0 {
 		o.Lifetime = 2 * time.Hour
@@ -81,19 +102,33 @@ func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (ru
 		// Room for the start; the first call moves it on.
 		annIdleUntil: stamp(now.Add(o.Idle + m.o.ScheduleTimeout + helloTimeout)),
 	}
+	var reg *registration
+	if networked {
+		addr, err := m.proxyAddr()
+		if err != nil {
+			return nil, err
+		}
+		m.networked(&pol, "http://"+SessionRelay)
+		pol.EgressProxy, pol.EgressRelay = addr, SessionRelay
+		pol.Annotations[annEgress] = strings.Join(o.Egress.Domains(), ",")
+		reg = &registration{id: o.ID, pol: *o.Egress}
+	}
 	spec, err := Pod(pol)
 	if err != nil {
 		return nil, err
 	}
 	var p *pod
 	err = m.breaker.Guard(ctx, func() error {
-		p, err = m.startSpec(ctx, spec, o.Limits, m.o.Log.With("pod", spec.Name, "session", o.ID))
+		p, err = m.startSpec(ctx, spec, o.Limits, reg, m.o.Log.With("pod", spec.Name, "session", o.ID))
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	ss := &session{m: m, p: p, id: o.ID, idle: o.Idle}
+	if networked {
+		ss.networked(*o.Egress)
+	}
 	if err := p.st.Send(driver.FrameSession, nil); err != nil {
 		m.teardowns.Start(p.destroy, nil)
 		return nil, runtime.Infra("start session", err)
@@ -136,6 +171,12 @@ func (m *Manager) AdoptSession(ctx context.Context, id, owner string) (runtime.S
 		if idle <= 0 {
 			return nil, rec, runtime.ErrNoSession
 		}
+		var pol *egress.Policy
+		if po.Labels[LabelNetwork] != "" {
+			if pol, err = m.sessionPolicy(po); err != nil {
+				return nil, rec, err
+			}
+		}
 		po.Labels[LabelInstance] = m.o.InstanceID
 		po.Annotations[annIdleUntil] = stamp(now.Add(idle))
 		delete(po.Annotations, annBusyUntil)
@@ -149,20 +190,93 @@ func (m *Manager) AdoptSession(ctx context.Context, id, owner string) (runtime.S
 			return nil, rec, runtime.Infra("take over session pod", err)
 		}
 		p := m.newPod(po.Name, m.o.Log.With("pod", po.Name, "session", id))
+		p.ip = po.Status.PodIP
+		ss := &session{m: m, p: p, id: id, idle: idle, obj: upd}
 		if err := p.attach(ctx); err != nil {
 			// Left as it is: its idle deadline ends it if nobody serves it.
 			p.detach()
 			return nil, rec, err
 		}
+		if pol != nil {
+			// Let the pod through this replica's proxy, then point its
+			// relay here.
+			addr, err := m.proxyAddr()
+			if err == nil {
+				err = m.register(p, id, *pol)
+			}
+			if err == nil {
+				ss.networked(*pol)
+				err = p.st.Send(driver.FrameEgress, []byte(addr))
+			}
+			if err != nil {
+				p.letGo()
+				p.detach()
+				return nil, rec, runtime.Infra("take over networked session", err)
+			}
+		}
 		// Idempotent: a driver already serving the session ignores it.
 		if err := p.st.Send(driver.FrameSession, nil); err != nil {
+			p.letGo()
 			p.detach()
 			return nil, rec, runtime.Infra("take over session", err)
 		}
-		rec = runtime.SessionRecord{Owner: owner, Created: po.CreationTimestamp.Time, Idle: idle, Calls: atoi(po.Annotations[annCalls])}
-		return &session{m: m, p: p, id: id, idle: idle, obj: upd}, rec, nil
+		rec = runtime.SessionRecord{Owner: owner, Created: po.CreationTimestamp.Time, Idle: idle, Calls: atoi(po.Annotations[annCalls]), Egress: pol}
+		return ss, rec, nil
 	}
 	return nil, rec, runtime.Infra("take over session pod", errors.New("it kept changing under this airlock; retry"))
+}
+
+// networked records the session's allow-list, registered with this
+// replica's proxy, and gives its calls the proxy's files.
+func (ss *session) networked(pol egress.Policy) {
+	ss.egress = &pol
+	ss.files = runtime.ProxyFiles("http://"+SessionRelay, ss.m.o.Net.CABundle)
+}
+
+// proxyAddr is this replica's egress proxy as networked pods reach it,
+// IP:port: what a session's relay dials, where there is no resolver.
+func (m *Manager) proxyAddr() (string, error) {
+	u, err := url.Parse(m.o.Net.URL)
+	if err == nil {
+		_, err = netip.ParseAddr(u.Hostname())
+	}
+	if err != nil {
+		return "", fmt.Errorf("networked sessions need kubernetes.egress_address to be an IP address (or empty: the pod's), not %q: %w", m.o.Net.URL, err)
+	}
+	return u.Host, nil
+}
+
+// sessionPolicy rebuilds a networked session's allow-list from its pod:
+// the domains this replica's list covers, narrowed from it (so its ports
+// and CIDRs apply), and the rest as a human granted them when the session
+// began.
+func (m *Manager) sessionPolicy(po *corev1.Pod) (*egress.Policy, error) {
+	if m.o.Net == nil {
+		return nil, errors.New("this airlock offers no networked sessions (kubernetes.network_runtime_class and network.allow_domains), and the session has a network")
+	}
+	var covered, granted []string
+	for _, d := range strings.Split(po.Annotations[annEgress], ",") {
+		if d == "" {
+			continue
+		}
+		ok, err := m.o.Net.Policy.Covers(d)
+		if err != nil {
+			return nil, fmt.Errorf("session pod %s: allow-list entry %q: %w", po.Name, d, err)
+		}
+		if ok {
+			covered = append(covered, d)
+		} else {
+			granted = append(granted, d)
+		}
+	}
+	pol, err := m.o.Net.Policy.Narrow(covered)
+	if err == nil {
+		pol, err = pol.Widen(granted)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("session pod %s: allow-list: %w", po.Name, err)
+	}
+	return &pol, nil
 }
 
 // ID is the session's id.
@@ -191,7 +305,10 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	if err := ss.begin(ctx, req.Limits.Timeout); err != nil {
 		return res, err
 	}
-	res, err = exchange.Run(ctx, ss.p, req, nil, true)
+	res, err = exchange.Run(ctx, ss.p, req, ss.files, true)
+	if ss.egress != nil {
+		res.EgressDenied = ss.m.o.Net.Proxy.TakeDenials(ss.id)
+	}
 	ss.end()
 	ss.m.o.Log.Info("session run finished", "backend", "kubernetes", "session", ss.id, "run", req.RunID, "lang", req.Language,
 		"exit", res.ExitCode, "reason", res.Reason, "lost", res.SessionLost, "took", res.Duration, "total", time.Since(start))
@@ -324,8 +441,10 @@ func (ss *session) closeLocked() {
 }
 
 // destroy deletes the session's pod if this instance still holds it: the
-// delete carries the version judged, and a conflict is judged again.
+// delete carries the version judged, and a conflict is judged again. The
+// pod's address leaves this replica's proxy first: it may be reused.
 func (ss *session) destroy() {
+	ss.p.letGo()
 	defer ss.p.detach()
 	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
 	defer cancel()

@@ -1,11 +1,15 @@
 package kube
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 func TestSessionAbandoned(t *testing.T) {
@@ -34,5 +38,50 @@ func TestSessionAbandoned(t *testing.T) {
 				t.Errorf("sessionAbandoned = %v, want %v", got, c.want)
 			}
 		})
+	}
+}
+
+// A replica taking a networked session over rebuilds its allow-list from
+// the pod: what its own list covers, under its ports; the rest as
+// granted. Its relay needs the proxy as an address.
+func TestSessionPolicyAndProxyAddr(t *testing.T) {
+	base, err := egress.ParsePolicy([]string{"api.test", "*.pypi.test"}, []int{443, 8080}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &Manager{o: Options{Net: &NetOptions{Policy: base, URL: "http://10.1.2.3:3128"}}}
+	for _, c := range []struct {
+		ann, want, wantErr string
+	}{
+		{"api.test", "api.test", ""},
+		{"api.test,files.pypi.test,granted.example", "api.test,files.pypi.test,granted.example", ""},
+		{"", "", ""},
+		{"api.test,not a name", "", `"not a name"`},
+	} {
+		po := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Annotations: map[string]string{annEgress: c.ann}}}
+		pol, err := m.sessionPolicy(po)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%q: err %v, want one naming %s", c.ann, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", c.ann, err)
+			continue
+		}
+		if got := strings.Join(pol.Domains(), ","); got != c.want || !slices.Equal(pol.Ports(), []int{443, 8080}) {
+			t.Errorf("%q: domains %q ports %v, want %q and the replica's ports", c.ann, got, pol.Ports(), c.want)
+		}
+	}
+	if addr, err := m.proxyAddr(); err != nil || addr != "10.1.2.3:3128" {
+		t.Errorf("proxyAddr = %q, %v", addr, err)
+	}
+	m.o.Net.URL = "http://airlock-egress.airlock:3128"
+	if _, err := m.proxyAddr(); err == nil || !strings.Contains(err.Error(), "kubernetes.egress_address") {
+		t.Errorf("proxyAddr of a name: %v, want an error naming kubernetes.egress_address", err)
+	}
+	if _, err := (&Manager{}).sessionPolicy(&corev1.Pod{}); err == nil {
+		t.Error("a replica without networked runs took a networked session's policy")
 	}
 }

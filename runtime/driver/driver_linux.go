@@ -45,6 +45,9 @@ type driver struct {
 	worker    *worker
 	cells     int
 	hello     Hello // what the driver answers an attach frame with
+	// egress relays a networked session's connections to its holder's
+	// egress proxy (--egress-relay); nil otherwise.
+	egress *egressRelay
 
 	// intr is written when the host interrupts the work in progress; the
 	// relay polls its read end (intrFd, non-blocking).
@@ -91,6 +94,8 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	nofile := fs.Int("nofile", 0, "RLIMIT_NOFILE, when the runtime sets none (Kubernetes); 0: leave it")
 	readyFile := fs.String("ready-file", "", "create this file once ready for work (preload done): a Kubernetes startup probe checks it")
 	fence := fs.Bool("await-fence", false, "before any work, wait until the API server is unreachable: the NetworkPolicy of a networked pod is in force (Kubernetes)")
+	egressProxy := fs.String("egress-proxy", "", "the egress proxy (IP:port) of a networked pod: at the first attach, wait until it can be reached before saying hello (Kubernetes)")
+	relayListen := fs.String("egress-relay", "", "listen on this IPv4 address:port and relay each connection to the egress proxy, --egress-proxy until FrameEgress names another (a networked session on Kubernetes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -138,6 +143,11 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	d.intrFd = int(d.intrR.Fd())
 	_ = unix.SetNonblock(d.intrFd, true)
+	if *relayListen != "" {
+		if d.egress, err = startRelay(*relayListen, *egressProxy); err != nil {
+			return failStart(stderr, err)
+		}
+	}
 	hello := Hello{Version: Version}
 	if *preload {
 		if w, err := d.startWorker(d.modules); err != nil {
@@ -165,8 +175,18 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 	}
 	t, p, err := in.Next()
-	for err == nil && t == FrameAttach {
-		if err := d.out.writeJSON(FrameHello, hello.AnswerAttach(p)); err != nil {
+	if err == nil && t == FrameAttach && *egressProxy != "" {
+		// The host has registered this pod with its proxy before it
+		// attached; an enforcer may program the rule that lets the pod
+		// reach the proxy a moment after the one that fences it.
+		if err := awaitProxy(*egressProxy, FenceWait); err != nil {
+			return failStart(stderr, err)
+		}
+	}
+	for err == nil && (t == FrameAttach || t == FrameEgress) {
+		if t == FrameEgress {
+			d.setEgress(p)
+		} else if err := d.out.writeJSON(FrameHello, hello.AnswerAttach(p)); err != nil {
 			return 3
 		}
 		t, p, err = in.Next()
@@ -1001,6 +1021,19 @@ func reapExited() {
 	}
 }
 
+// setEgress points the relay at the proxy a host named. Without a relay,
+// or with a payload that is no address, nothing changes: the host's next
+// call then fails to reach the network, and says so.
+func (d *driver) setEgress(p []byte) {
+	if d.egress == nil {
+		fmt.Fprintln(d.log, "airlock-driver: an egress address for a sandbox without a relay; ignored")
+		return
+	}
+	if err := d.egress.setUpstream(string(p)); err != nil {
+		fmt.Fprintf(d.log, "airlock-driver: %v\n", err)
+	}
+}
+
 // session serves work, file operations and interrupts until stdin ends.
 func (d *driver) session(in *Reader) {
 	type msg struct {
@@ -1052,6 +1085,8 @@ func (d *driver) session(in *Reader) {
 			// Another host took the session over; the worker's state is
 			// as it was.
 			_ = d.out.writeJSON(FrameHello, d.hello.AnswerAttach(m.p))
+		case FrameEgress:
+			d.setEgress(m.p)
 		}
 	}
 	d.stopWorker()

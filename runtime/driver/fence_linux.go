@@ -47,43 +47,35 @@ func awaitFence(within time.Duration) error {
 	}
 }
 
+// awaitProxy waits until a TCP connection to the egress proxy at addr
+// (IP:port) opens: the NetworkPolicy that lets a networked pod reach it is
+// in force. The connection sends nothing; the proxy does not count it.
+func awaitProxy(addr string, within time.Duration) error {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return fmt.Errorf("--egress-proxy %q: want IP:port", addr)
+	}
+	deadline := time.Now().Add(within)
+	for !connects(ap, fenceDialTimeout) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("this networked sandbox could not reach the egress proxy at %s within %v: does a NetworkPolicy let networked pods reach airlock's pods on its port (the base's sandboxes-egress-proxy)?", ap, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
 // connects reports whether a TCP connection to addr opens within
 // timeout. Raw system calls, not package net: net would link cgo's
 // resolver into a cgo build, and the driver's AllThreadsSyscall (the
 // capability drop) refuses to run beside cgo.
 func connects(addr netip.AddrPort, timeout time.Duration) bool {
-	var sa unix.Sockaddr
-	family := unix.AF_INET
-	if addr.Addr().Is4() {
-		sa = &unix.SockaddrInet4{Port: int(addr.Port()), Addr: addr.Addr().As4()}
-	} else {
-		family = unix.AF_INET6
-		sa = &unix.SockaddrInet6{Port: int(addr.Port()), Addr: addr.Addr().As16()}
-	}
-	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	fd, err := dialFd(addr, timeout)
 	if err != nil {
 		return false
 	}
-	defer unix.Close(fd)
-	switch err := unix.Connect(fd, sa); {
-	case err == nil:
-		return true
-	case !errors.Is(err, unix.EINPROGRESS):
-		return false
-	}
-	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
-	for {
-		n, err := unix.Poll(fds, int(timeout.Milliseconds()))
-		if errors.Is(err, unix.EINTR) {
-			continue
-		}
-		if err != nil || n == 0 {
-			return false
-		}
-		break
-	}
-	soErr, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ERROR)
-	return err == nil && soErr == 0
+	unix.Close(fd)
+	return true
 }
 
 // failStart reports why the driver will not start where both airlock and

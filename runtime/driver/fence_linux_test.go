@@ -54,3 +54,32 @@ func TestAwaitFence(t *testing.T) {
 }
 
 func portOf(l net.Listener) string { return strconv.Itoa(l.Addr().(*net.TCPAddr).Port) }
+
+func TestAwaitProxy(t *testing.T) {
+	open, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := closed.Addr().String()
+	_ = closed.Close()
+	for _, c := range []struct{ name, addr, wantErr string }{
+		{"reachable", open.Addr().String(), ""},
+		{"unreachable", gone, "could not reach the egress proxy"},
+		{"a name", "proxy.airlock:3128", "want IP:port"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := awaitProxy(c.addr, 300*time.Millisecond)
+			switch {
+			case c.wantErr == "" && err != nil:
+				t.Errorf("err = %v, want none", err)
+			case c.wantErr != "" && (err == nil || !strings.Contains(err.Error(), c.wantErr)):
+				t.Errorf("err = %v, want it to say %q", err, c.wantErr)
+			}
+		})
+	}
+}

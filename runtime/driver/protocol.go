@@ -57,6 +57,10 @@ const (
 	// comes while it waits for work, and in a session, so a host may repeat
 	// it and another host may take a session over.
 	FrameAttach byte = 'A'
+	// FrameEgress (host → driver): the egress proxy this driver's relay
+	// (--egress-relay) sends to from now on; payload "IP:port". A host
+	// that takes a networked session over sends its own.
+	FrameEgress byte = 'N'
 )
 
 // MaxFrame bounds a frame's payload. The host refuses larger frames, so a

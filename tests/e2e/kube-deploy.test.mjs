@@ -214,6 +214,46 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     await Promise.all([a.close(), b.close()]);
   });
 
+  test('a networked session opened through one replica keeps its network through the other', async () => {
+    const { order, upstream } = await startUpstream();
+    const [a, b] = await Promise.all([client(podIPs[0], 'deploy-net-a'), client(podIPs[1], 'deploy-net-b')]);
+    let sid;
+    try {
+      const created = await callWith(a, 'session_create', { network: 'allowlist' }, { timeout: 300_000 });
+      sid = created.sc?.session_id;
+      assert.ok(sid, created.text);
+      assert.equal(created.sc.network, 'allowlist');
+      // urllib keeps the opener (and so the proxy) it built on first use.
+      const first = await callWith(a, 'run_python', { session_id: sid, code: `import os, urllib.request
+print(os.environ["HTTP_PROXY"])
+print(urllib.request.urlopen("http://api.test:${UPSTREAM_PORT}/", timeout=20).read().decode())` }, { timeout: 300_000 });
+      await withEnforcerState(() => assert.equal(first.isError, false, first.text));
+      assert.equal(first.sc.stdout, `http://127.0.0.1:3128\nhello from upstream api.test:${UPSTREAM_PORT}\n`);
+      const second = await callWith(b, 'run_python', { session_id: sid, code: `import urllib.error
+print(urllib.request.urlopen("http://api.test:${UPSTREAM_PORT}/", timeout=20).read().decode())
+try:
+    urllib.request.urlopen("http://other.test:${UPSTREAM_PORT}/", timeout=20)
+except urllib.error.HTTPError as e:
+    print("other: refused", e.code)` }, { timeout: 300_000 });
+      await withEnforcerState(() => assert.equal(second.isError, false, second.text));
+      assert.equal(second.sc.stdout, `hello from upstream api.test:${UPSTREAM_PORT}\nother: refused 403\n`);
+      // The other replica's proxy refused it, and says so in its result.
+      assert.deepEqual(second.sc.egress_denied, [{ host: 'other.test', port: UPSTREAM_PORT, reason: 'not in allow-list' }]);
+      // The first fetch came through the replica that opened the session, the second through the one that took it over.
+      assert.deepEqual(order, [podIPs[0], podIPs[1]]);
+      const listed = await callWith(b, 'session_list', {});
+      assert.deepEqual(listed.sc.sessions.find((x) => x.session_id === sid)?.allow_domains, ['api.test']);
+      const closed = await callWith(b, 'session_close', { session_id: sid });
+      sid = undefined;
+      assert.equal(closed.isError, false, closed.text);
+    } finally {
+      // A failed check must not leave the session's pod for the tests after.
+      if (sid) await callWith(b, 'session_close', { session_id: sid }).catch(() => {});
+      await Promise.all([a.close(), b.close()]);
+      upstream.close();
+    }
+  });
+
   test('a request without the token is refused by both replicas', async () => {
     for (const ip of podIPs) {
       const r = await freshFetch('wrong')(`http://${ip}:${PORT}/mcp`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: '{}' });
@@ -221,14 +261,45 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     }
   });
 
-  test('a networked run through the Service: the allowed name through its replica\'s proxy, another refused and reported, nothing past the proxy', async () => {
-    // The overlay's api.test: a server of the test's on the node's address.
+  /**
+   * What the NetworkPolicy enforcer has programmed (kube-router's chains
+   * with their counters, its ipsets): attached to a networked test's
+   * failure, since the full suite has seen a networked pod's connections
+   * to its replica's proxy dropped for 10 to 20 s after the pod was fenced.
+   */
+  const enforcerState = async () => {
+    const out = await Promise.allSettled([
+      execFileP('sh', ['-c', 'iptables-save -c | grep -E "KUBE-(POD-FW|NWPLCY|ROUTER)" | head -150']),
+      execFileP('sh', ['-c', 'ipset list | head -80']),
+      kubectl('get', 'pods', '-A', '-o', 'wide'),
+    ]);
+    return out.map((r) => (r.status === 'fulfilled' ? (r.value.stdout ?? r.value) : String(r.reason))).join('\n');
+  };
+  /** Runs check; on failure, fails with the enforcer's state attached. */
+  const withEnforcerState = async (check) => {
+    try {
+      await check();
+    } catch (err) {
+      err.message += `\n--- enforcer state ---\n${await enforcerState()}`;
+      throw err;
+    }
+  };
+
+  /** The overlay's api.test: a server of the test's on the node's address, counting requests by source in order. */
+  const startUpstream = async () => {
     const sources = new Map();
+    const order = [];
     const upstream = http.createServer((req, res) => {
       sources.set(req.socket.remoteAddress, (sources.get(req.socket.remoteAddress) ?? 0) + 1);
+      order.push(req.socket.remoteAddress);
       res.end(`hello from upstream ${req.headers.host}`);
     });
     await new Promise((resolve, reject) => upstream.once('error', reject).listen(UPSTREAM_PORT, NODE_IP, resolve));
+    return { sources, order, upstream };
+  };
+
+  test('a networked run through the Service: the allowed name through its replica\'s proxy, another refused and reported, nothing past the proxy', async () => {
+    const { sources, upstream } = await startUpstream();
     try {
       const c = await client(serviceIP, 'deploy-network');
       const code = `import os, socket, urllib.request, urllib.error
@@ -248,7 +319,7 @@ for host, port in [("${NODE_IP}", ${UPSTREAM_PORT}), ("${serviceIP}", ${PORT})]:
 `;
       const r = await callWith(c, 'run_python', { code, network: 'allowlist' }, { timeout: 300_000 });
       await c.close();
-      assert.equal(r.isError, false, r.text);
+      await withEnforcerState(() => assert.equal(r.isError, false, r.text));
       const out = r.sc.stdout;
       // The pod's proxy is a replica's own address, on the egress port.
       const proxy = out.match(/^proxy http:\/\/([\d.]+):3128$/m);

@@ -52,6 +52,10 @@ type session struct {
 	up, down         atomic.Int64 // bytes sent to / received from upstream
 	lastActive       atomic.Int64 // unix nanoseconds, for the idle timer
 	idled            atomic.Bool  // closed by the idle timer
+	// empty: the client closed without sending a byte (a reachability
+	// probe, such as a networked pod's driver's before its first work):
+	// no request, so neither counted nor logged above debug.
+	empty bool
 }
 
 // abort closes both ends, unblocking whatever the handler is waiting on.
@@ -116,6 +120,10 @@ func (s *Server) handle(c net.Conn) {
 	}
 
 	req, br, err := s.readRequest(ss)
+	if errors.Is(err, errNoRequest) {
+		ss.empty = true
+		return
+	}
 	if err != nil {
 		ss.set(decisionReject, "bad request", err)
 		var tooBig *headerTooLargeError
@@ -150,6 +158,10 @@ func (s *Server) handle(c net.Conn) {
 func (s *Server) finish(ss *session) {
 	ss.abort()
 	s.release(ss)
+	if ss.empty {
+		s.log.Debug("egress connection closed without a request", "run", ss.runID(), "src", ss.src.String())
+		return
+	}
 	metrics.EgressRequests.WithLabelValues(ss.decision).Inc()
 	if kind := escapeKind(ss.reason); kind != "" {
 		metrics.Escapes.Inc(kind)
@@ -211,12 +223,18 @@ func (s *Server) readRequest(ss *session) (*http.Request, *bufio.Reader, error) 
 		if lr.N <= 0 {
 			return nil, nil, &headerTooLargeError{limit: s.opts.MaxHeaderBytes}
 		}
+		if errors.Is(err, io.EOF) && lr.N == int64(s.opts.MaxHeaderBytes) {
+			return nil, nil, errNoRequest
+		}
 		return nil, nil, fmt.Errorf("reading request: %w", err)
 	}
 	lr.N = math.MaxInt64
 	_ = ss.client.SetReadDeadline(time.Time{})
 	return req, br, nil
 }
+
+// errNoRequest: the client closed the connection without sending a byte.
+var errNoRequest = errors.New("closed before a request")
 
 // target is a destination that passed every check.
 type target struct {

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/airlock-mcp/airlock/metrics"
 )
 
@@ -807,5 +809,38 @@ func TestLogOncePerConnection(t *testing.T) {
 	bad := byHost["evil.test"]
 	if bad == nil || bad["decision"] != "deny" || bad["reason"] != ReasonNotAllowed || bad["port"].(float64) != 80 || bad["bytes_up"].(float64) != 0 {
 		t.Errorf("denied record %v", bad)
+	}
+}
+
+// A connection from a registered source closed before a byte was sent (a
+// networked pod's driver making sure it can reach the proxy) is no
+// request: no log record above debug, no metric, no refusal. (An
+// unregistered source is answered and counted at once, before anything
+// is read: TestSources.)
+func TestEmptyConnection(t *testing.T) {
+	h := newHarness(t, Options{})
+	defer h.register(src, "run1", []string{"allowed.test"}, nil, nil)()
+	before := testutil.ToFloat64(metrics.EgressRequests.WithLabelValues(decisionReject)) +
+		testutil.ToFloat64(metrics.EgressRequests.WithLabelValues(decisionDeny))
+	for i := range 2 {
+		_ = h.dialFrom(src).Close()
+		deadline := time.Now().Add(5 * time.Second)
+		for len(h.logRecords("egress connection closed without a request")) <= i {
+			if time.Now().After(deadline) {
+				t.Fatalf("no debug record for empty connection %d:\n%s", i, h.logs.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if recs := h.logRecords("egress connection"); len(recs) != 0 {
+		t.Errorf("empty connections logged as requests: %v", recs)
+	}
+	after := testutil.ToFloat64(metrics.EgressRequests.WithLabelValues(decisionReject)) +
+		testutil.ToFloat64(metrics.EgressRequests.WithLabelValues(decisionDeny))
+	if after != before {
+		t.Errorf("empty connections counted: refused or rejected requests %v -> %v", before, after)
+	}
+	if d := h.srv.Denials("run1"); len(d) != 0 {
+		t.Errorf("denials %v", d)
 	}
 }
