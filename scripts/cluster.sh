@@ -31,6 +31,7 @@ PKI="$STATE/pki"
 NODE=airlock-node
 BRIDGE=airlockk8s0
 NODE_IP=10.217.0.1
+BRIDGE_MAC=02:a1:7c:6b:00:01 # locally administered
 POD_CIDR=10.217.0.0/24
 SERVICE_CIDR=10.217.16.0/24
 API_PORT=16443
@@ -108,6 +109,13 @@ network_up() {
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
   fi
+  # A fixed MAC: a bridge left to itself takes the lowest MAC of its ports,
+  # so it changed whenever a pod came or went, and pods that had cached the
+  # node's old MAC sent into the void until their neighbour entry expired
+  # (10 to 30 s of lost connections to the egress proxy). The bridge
+  # plugin pins it only when it adds the gateway address, which is
+  # already here.
+  ip link set "$BRIDGE" address "$BRIDGE_MAC"
   ip addr replace "$NODE_IP/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   # Service addresses go to the bridge, never to the host's default route,

@@ -6,9 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -129,12 +127,15 @@ func upNet(t *testing.T, cfg config.Config) (*Manager, int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close(context.Background()) })
-	pu, err := url.Parse(m.o.Net.URL)
-	if err != nil {
-		t.Fatal(err)
+	return m, int(m.o.Net.Addr.Port())
+}
+
+// deniedOnly checks that a result's egress_denied names host alone.
+func deniedOnly(t *testing.T, what string, res runtime.Result, host string) {
+	t.Helper()
+	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != host {
+		t.Errorf("%s: egress_denied = %+v, want %s alone", what, res.EgressDenied, host)
 	}
-	port, _ := strconv.Atoi(pu.Port())
-	return m, port
 }
 
 // fenceForProxies applies the base's deny-all and lets networked pods
@@ -202,7 +203,7 @@ except OSError as e:
 	if err != nil {
 		t.Fatalf("networked run: %v", err)
 	}
-	for _, want := range []string{"proxy " + m.o.Net.URL, "hello from upstream api.test", "other: refused 403", "direct: blocked"} {
+	for _, want := range []string{"proxy " + m.o.Net.URL(), "hello from upstream api.test", "other: refused 403", "direct: blocked"} {
 		if !strings.Contains(res.Stdout, want) {
 			t.Errorf("stdout lacks %q:\n%s\nstderr: %s", want, res.Stdout, res.Stderr)
 		}
@@ -210,9 +211,7 @@ except OSError as e:
 	if res.ExitCode != 0 {
 		t.Errorf("exit %d, stderr %s", res.ExitCode, res.Stderr)
 	}
-	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != "other.test" {
-		t.Errorf("egress_denied = %+v, want other.test alone", res.EgressDenied)
-	}
+	deniedOnly(t, "the run", res, "other.test")
 	up.only(t, node, 1) // api.test
 
 	// A run without a network keeps gVisor's handler without one.
@@ -306,9 +305,7 @@ print("via B:", get("api.test", %q))
 			t.Errorf("first call (on A): stdout lacks %q:\n%s\nstderr: %s", want, res.Stdout, res.Stderr)
 		}
 	}
-	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != "other.test" {
-		t.Errorf("first call's egress_denied = %+v, want other.test alone", res.EgressDenied)
-	}
+	deniedOnly(t, "the first call", res, "other.test")
 
 	sb, rec, err := b.AdoptSession(ctx, id, "alice")
 	if err != nil {
@@ -334,9 +331,7 @@ print("via B:", get("api.test", %q))
 			t.Errorf("call on B: stdout lacks %q:\n%s\nstderr: %s", want, res.Stdout, res.Stderr)
 		}
 	}
-	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Host != "other.test" {
-		t.Errorf("call on B: egress_denied = %+v, want other.test alone (B's proxy refused it)", res.EgressDenied)
-	}
+	deniedOnly(t, "the call on B (B's proxy)", res, "other.test")
 	up.only(t, node, 4) // api.test through each proxy, by the relay and directly
 	sb.Close()
 	b.WaitTeardowns()

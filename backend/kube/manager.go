@@ -43,10 +43,14 @@ type NetOptions struct {
 	Proxy *egress.Server
 	// Policy is the operator's allow-list (a call may narrow it).
 	Policy egress.Policy
-	// URL is the proxy as pods reach it (http://host:port).
-	URL      string
+	// Addr is the proxy as pods reach it: an IP, since they have no
+	// resolver. A session's relay dials it; runs are told its URL.
+	Addr     netip.AddrPort
 	CABundle []byte
 }
+
+// URL is the proxy's address as code in a pod is told it (HTTP_PROXY).
+func (n *NetOptions) URL() string { return "http://" + n.Addr.String() }
 
 // Options configure a Manager.
 type Options struct {
@@ -196,7 +200,7 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	if networked {
 		// The pod was registered with the proxy as it started; its
 		// teardown unregisters it before the pod goes.
-		files = runtime.ProxyFiles(m.o.Net.URL, m.o.Net.CABundle)
+		files = runtime.ProxyFiles(m.o.Net.URL(), m.o.Net.CABundle)
 	}
 	res, err = exchange.Run(ctx, p, req, files, false)
 	if networked {

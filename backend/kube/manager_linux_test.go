@@ -185,7 +185,11 @@ func TestManagerCancel(t *testing.T) {
 		_, err := m.Run(ctx, req)
 		done <- err
 	}()
-	<-out
+	select {
+	case <-out:
+	case err := <-done:
+		t.Fatalf("the run ended before its first output: %v", err)
+	}
 	cancel()
 	if err := <-done; err != context.Canceled {
 		t.Errorf("err %v, want context.Canceled", err)

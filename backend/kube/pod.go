@@ -101,12 +101,8 @@ func (m *Manager) startPod(ctx context.Context, runID string, lim runtime.Limits
 	pp := m.policy("airlock-"+runID, map[string]string{LabelRun: runID}, lim, lim.Timeout+m.o.ScheduleTimeout+helloTimeout+time.Minute)
 	var reg *registration
 	if pol != nil {
-		addr, err := m.proxyAddr()
-		if err != nil {
-			return nil, err
-		}
-		m.networked(&pp, m.o.Net.URL)
-		pp.EgressProxy = addr
+		m.networked(&pp, m.o.Net.URL())
+		pp.EgressProxy = m.o.Net.Addr.String()
 		reg = &registration{id: runID, pol: *pol}
 	}
 	spec, err := Pod(pp)

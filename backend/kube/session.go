@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,12 +102,8 @@ func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (ru
 	}
 	var reg *registration
 	if networked {
-		addr, err := m.proxyAddr()
-		if err != nil {
-			return nil, err
-		}
 		m.networked(&pol, "http://"+SessionRelay)
-		pol.EgressProxy, pol.EgressRelay = addr, SessionRelay
+		pol.EgressProxy, pol.EgressRelay = m.o.Net.Addr.String(), SessionRelay
 		pol.Annotations[annEgress] = strings.Join(o.Egress.Domains(), ",")
 		reg = &registration{id: o.ID, pol: *o.Egress}
 	}
@@ -200,13 +194,10 @@ func (m *Manager) AdoptSession(ctx context.Context, id, owner string) (runtime.S
 		if pol != nil {
 			// Let the pod through this replica's proxy, then point its
 			// relay here.
-			addr, err := m.proxyAddr()
-			if err == nil {
-				err = m.register(p, id, *pol)
-			}
+			err := m.register(p, id, *pol)
 			if err == nil {
 				ss.networked(*pol)
-				err = p.st.Send(driver.FrameEgress, []byte(addr))
+				err = p.st.Send(driver.FrameEgress, []byte(m.o.Net.Addr.String()))
 			}
 			if err != nil {
 				p.letGo()
@@ -231,19 +222,6 @@ func (m *Manager) AdoptSession(ctx context.Context, id, owner string) (runtime.S
 func (ss *session) networked(pol egress.Policy) {
 	ss.egress = &pol
 	ss.files = runtime.ProxyFiles("http://"+SessionRelay, ss.m.o.Net.CABundle)
-}
-
-// proxyAddr is this replica's egress proxy as networked pods reach it,
-// IP:port: what a session's relay dials, where there is no resolver.
-func (m *Manager) proxyAddr() (string, error) {
-	u, err := url.Parse(m.o.Net.URL)
-	if err == nil {
-		_, err = netip.ParseAddr(u.Hostname())
-	}
-	if err != nil {
-		return "", fmt.Errorf("networked sessions need kubernetes.egress_address to be an IP address (or empty: the pod's), not %q: %w", m.o.Net.URL, err)
-	}
-	return u.Host, nil
 }
 
 // sessionPolicy rebuilds a networked session's allow-list from its pod:

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -43,13 +44,13 @@ func TestSessionAbandoned(t *testing.T) {
 
 // A replica taking a networked session over rebuilds its allow-list from
 // the pod: what its own list covers, under its ports; the rest as
-// granted. Its relay needs the proxy as an address.
-func TestSessionPolicyAndProxyAddr(t *testing.T) {
+// granted.
+func TestSessionPolicy(t *testing.T) {
 	base, err := egress.ParsePolicy([]string{"api.test", "*.pypi.test"}, []int{443, 8080}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &Manager{o: Options{Net: &NetOptions{Policy: base, URL: "http://10.1.2.3:3128"}}}
+	m := &Manager{o: Options{Net: &NetOptions{Policy: base, Addr: netip.MustParseAddrPort("10.1.2.3:3128")}}}
 	for _, c := range []struct {
 		ann, want, wantErr string
 	}{
@@ -73,13 +74,6 @@ func TestSessionPolicyAndProxyAddr(t *testing.T) {
 		if got := strings.Join(pol.Domains(), ","); got != c.want || !slices.Equal(pol.Ports(), []int{443, 8080}) {
 			t.Errorf("%q: domains %q ports %v, want %q and the replica's ports", c.ann, got, pol.Ports(), c.want)
 		}
-	}
-	if addr, err := m.proxyAddr(); err != nil || addr != "10.1.2.3:3128" {
-		t.Errorf("proxyAddr = %q, %v", addr, err)
-	}
-	m.o.Net.URL = "http://airlock-egress.airlock:3128"
-	if _, err := m.proxyAddr(); err == nil || !strings.Contains(err.Error(), "kubernetes.egress_address") {
-		t.Errorf("proxyAddr of a name: %v, want an error naming kubernetes.egress_address", err)
 	}
 	if _, err := (&Manager{}).sessionPolicy(&corev1.Pod{}); err == nil {
 		t.Error("a replica without networked runs took a networked session's policy")

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
-	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -115,21 +115,34 @@ func upEgress(cfg config.Config, log *slog.Logger) (*NetOptions, error) {
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy: listen on kubernetes.egress_listen %s: %w", k.EgressListen, err)
 	}
-	// A host alone (or nothing: the pod's address) takes the port the
-	// listener got.
-	addr, port := k.EgressAddress, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	if addr == "" {
-		if addr = os.Getenv("POD_IP"); addr == "" {
-			_ = ln.Close()
-			return nil, errors.New("egress proxy: kubernetes.egress_address is empty and $POD_IP is not set (the Deployment sets it from the downward API; outside a pod, set the address networked pods reach this airlock at)")
-		}
-	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		addr = net.JoinHostPort(addr, port)
+	addr, err := proxyAddress(k.EgressAddress, os.Getenv("POD_IP"), ln.Addr().(*net.TCPAddr).Port)
+	if err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("egress proxy: %w", err)
 	}
 	go func() { _ = st.Proxy.Serve(ln) }()
-	log.Info("egress proxy listening", "listen", ln.Addr().String(), "advertised", addr, "domains", st.Policy.Domains())
-	return &NetOptions{RuntimeClass: k.NetworkRuntimeClass, Proxy: st.Proxy, Policy: st.Policy, URL: "http://" + addr, CABundle: st.CABundle}, nil
+	log.Info("egress proxy listening", "listen", ln.Addr().String(), "advertised", addr.String(), "domains", st.Policy.Domains())
+	return &NetOptions{RuntimeClass: k.NetworkRuntimeClass, Proxy: st.Proxy, Policy: st.Policy, Addr: addr, CABundle: st.CABundle}, nil
+}
+
+// proxyAddress is where networked pods reach this replica's proxy:
+// kubernetes.egress_address, or else the pod's own address; an IP alone
+// takes the port the proxy listens on.
+func proxyAddress(configured, podIP string, port int) (netip.AddrPort, error) {
+	addr := configured
+	if addr == "" {
+		if addr = podIP; addr == "" {
+			return netip.AddrPort{}, errors.New("kubernetes.egress_address is empty and $POD_IP is not set (the Deployment sets it from the downward API; outside a pod, set the address networked pods reach this airlock at)")
+		}
+	}
+	if ap, err := netip.ParseAddrPort(addr); err == nil {
+		return ap, nil
+	}
+	ip, err := netip.ParseAddr(addr)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("kubernetes.egress_address (or $POD_IP) must be an IP address, with or without a port, not %q: pods have no resolver", addr)
+	}
+	return netip.AddrPortFrom(ip, uint16(port)), nil
 }
 
 // Ready reports whether the cluster answers and this instance's Lease is

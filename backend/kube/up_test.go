@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -63,5 +64,32 @@ current-context: c
 	}
 	if got.Load() != requests {
 		t.Errorf("server saw %d requests, want %d", got.Load(), requests)
+	}
+}
+
+// Pods have no resolver: the proxy's advertised address is an IP, from
+// the config or the pod, with the listener's port unless one is given.
+func TestProxyAddress(t *testing.T) {
+	for _, c := range []struct {
+		configured, podIP, want, wantErr string
+	}{
+		{"", "10.1.2.3", "10.1.2.3:3128", ""},
+		{"10.9.9.9", "10.1.2.3", "10.9.9.9:3128", ""},
+		{"10.9.9.9:8080", "", "10.9.9.9:8080", ""},
+		{"", "fd00::5", "[fd00::5]:3128", ""},
+		{"", "", "", "$POD_IP is not set"},
+		{"airlock-egress.airlock:3128", "10.1.2.3", "", `"airlock-egress.airlock:3128"`},
+		{"", "not-an-ip", "", `"not-an-ip"`},
+	} {
+		got, err := proxyAddress(c.configured, c.podIP, 3128)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%q/%q: err %v, want one naming %s", c.configured, c.podIP, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil || got.String() != c.want {
+			t.Errorf("%q/%q = %v, %v; want %s", c.configured, c.podIP, got, err, c.want)
+		}
 	}
 }
