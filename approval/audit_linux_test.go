@@ -19,7 +19,7 @@ func TestAuditReadOnlyDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if err := a.Write(sampleRecord("r")); err != nil {
+	if _, err := a.Write(sampleRecord("r")); err != nil {
 		t.Fatal(err)
 	}
 	// Root ignores directory permissions, so as root the directory is made
@@ -52,7 +52,7 @@ func TestAuditReadOnlyDir(t *testing.T) {
 		t.Errorf("Check of a log on a read-only path = %v, want a permission or read-only error", err)
 	}
 	// The next record needs a rotation, which the directory refuses.
-	err = a.Write(sampleRecord("r2"))
+	_, err = a.Write(sampleRecord("r2"))
 	if err == nil || !strings.Contains(err.Error(), "rotating audit log") || !refused(err) {
 		t.Errorf("Write needing rotation in read-only dir err = %v, want a rotation permission or read-only error", err)
 	}

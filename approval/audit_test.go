@@ -25,8 +25,8 @@ func sampleRecord(id string) Record {
 	}
 }
 
-// readLines returns the lines of path, failing on any line that is not a
-// complete JSON record.
+// readLines returns the call records of path, failing on any line that is
+// not complete JSON; seals and the genesis line are left out.
 func readLines(t *testing.T, path string) []Record {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -40,11 +40,16 @@ func readLines(t *testing.T, path string) []Record {
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
-		var r Record
+		var r struct {
+			Record
+			Kind string `json:"kind"`
+		}
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("%s: line %q is not a JSON record: %v", path, sc.Text(), err)
 		}
-		out = append(out, r)
+		if r.Kind == "" {
+			out = append(out, r.Record)
+		}
 	}
 	return out
 }
@@ -58,7 +63,7 @@ func TestAuditWritesJSONLines(t *testing.T) {
 	denied := sampleRecord("r2")
 	denied.ExitCode, denied.Decision, denied.Code = nil, "denied", "print('hi')\n"
 	for _, r := range []Record{sampleRecord("r1"), denied} {
-		if err := a.Write(r); err != nil {
+		if _, err := a.Write(r); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -74,8 +79,12 @@ func TestAuditWritesJSONLines(t *testing.T) {
 		t.Errorf("record r2 round-tripped as %+v", got[1])
 	}
 	raw, _ := os.ReadFile(path)
-	first := strings.SplitN(string(raw), "\n", 2)[0]
-	for _, key := range []string{"id", "time", "client", "transport", "tool", "code_sha256", "decision", "approver", "channel", "wait_ms", "limits", "network", "egress_denied", "exit_code", "duration_ms", "stdout_bytes", "stderr_bytes", "truncated", "limit_hit"} {
+	lines := strings.SplitN(string(raw), "\n", 3)
+	if !strings.Contains(lines[0], `"kind":"genesis"`) {
+		t.Errorf("first line %s is not the genesis line", lines[0])
+	}
+	first := lines[1]
+	for _, key := range []string{"seq", "prev", "id", "time", "client", "transport", "tool", "code_sha256", "decision", "approver", "channel", "wait_ms", "limits", "network", "egress_denied", "exit_code", "duration_ms", "stdout_bytes", "stderr_bytes", "truncated", "limit_hit"} {
 		if !strings.Contains(first, `"`+key+`":`) {
 			t.Errorf("line %s lacks key %q", first, key)
 		}
@@ -86,7 +95,7 @@ func TestAuditWritesJSONLines(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Write(sampleRecord("late")); !errors.Is(err, os.ErrClosed) {
+	if _, err := a.Write(sampleRecord("late")); !errors.Is(err, os.ErrClosed) {
 		t.Errorf("Write after Close err = %v, want os.ErrClosed", err)
 	}
 	// Reopening appends instead of truncating.
@@ -95,7 +104,7 @@ func TestAuditWritesJSONLines(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if err := b.Write(sampleRecord("r3")); err != nil {
+	if _, err := b.Write(sampleRecord("r3")); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(readLines(t, path)); n != 3 {
@@ -106,29 +115,31 @@ func TestAuditWritesJSONLines(t *testing.T) {
 func TestAuditRotation(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "audit.jsonl")
-	line, _ := json.Marshal(sampleRecord("r00"))
+	r := sampleRecord("r00")
+	r.Seq, r.Prev = 10, strings.Repeat("0", 64)
+	line, _ := json.Marshal(r)
 	lineLen := int64(len(line) + 1)
-	// Room for exactly two records per file.
+	// Room for exactly two records per file (or the genesis line and one).
 	a, err := OpenAudit(path, 2*lineLen)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
 	for i := 0; i < 10; i++ {
-		if err := a.Write(sampleRecord(fmt.Sprintf("r%02d", i))); err != nil {
+		if _, err := a.Write(sampleRecord(fmt.Sprintf("r%02d", i))); err != nil {
 			t.Fatalf("write %d: %v", i, err)
 		}
 		if st, err := os.Stat(path); err != nil || st.Size() > 2*lineLen {
 			t.Fatalf("after write %d current file is %v bytes (err %v), cap %d", i, st.Size(), err, 2*lineLen)
 		}
 	}
-	// 10 records, 2 per file: current r08 r09, .1 r06 r07, .2 r04 r05,
-	// .3 r02 r03; r00 r01 were dropped with the fourth file.
+	// The genesis line and 10 records, 2 per file: current r09, .1 r07
+	// r08, .2 r05 r06, .3 r03 r04; the rest were dropped with older files.
 	want := map[string][]string{
-		path:        {"r08", "r09"},
-		path + ".1": {"r06", "r07"},
-		path + ".2": {"r04", "r05"},
-		path + ".3": {"r02", "r03"},
+		path:        {"r09"},
+		path + ".1": {"r07", "r08"},
+		path + ".2": {"r05", "r06"},
+		path + ".3": {"r03", "r04"},
 	}
 	for p, ids := range want {
 		got := readLines(t, p)
@@ -173,7 +184,7 @@ func TestAuditConcurrentWholeLines(t *testing.T) {
 			for i := 0; i < each; i++ {
 				r := sampleRecord(fmt.Sprintf("w%d-%d", w, i))
 				r.Code = strings.Repeat("x", 2000) // big enough to tear if writes interleaved
-				if err := a.Write(r); err != nil {
+				if _, err := a.Write(r); err != nil {
 					t.Error(err)
 					return
 				}
@@ -217,15 +228,15 @@ func TestAuditMirrored(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, id := range []string{"r1", "r2"} {
-				if err := a.Write(sampleRecord(id)); err != nil {
+				if _, err := a.Write(sampleRecord(id)); err != nil {
 					t.Fatal(err)
 				}
 			}
 			lines := strings.Split(strings.TrimSuffix(mirror.String(), "\n"), "\n")
-			if len(lines) != 2 {
-				t.Fatalf("mirror got %d lines: %q", len(lines), mirror.String())
+			if len(lines) != 3 || !strings.Contains(lines[0], `"kind":"genesis"`) {
+				t.Fatalf("mirror got %d lines, want the genesis line and 2 records: %q", len(lines), mirror.String())
 			}
-			for i, l := range lines {
+			for i, l := range lines[1:] {
 				var r Record
 				if err := json.Unmarshal([]byte(l), &r); err != nil || r.ID != fmt.Sprintf("r%d", i+1) {
 					t.Errorf("mirror line %d %q: %v", i, l, err)
@@ -236,7 +247,7 @@ func TestAuditMirrored(t *testing.T) {
 					t.Errorf("file has %d records, want 2", len(got))
 				}
 			}
-			if err := NewAuditMirrored(path, 0, failingWriter{}).Write(sampleRecord("r3")); err == nil {
+			if _, err := NewAuditMirrored(path, 0, failingWriter{}).Write(sampleRecord("r3")); err == nil {
 				t.Error("a failing mirror did not fail the write")
 			}
 		})

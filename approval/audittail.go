@@ -64,13 +64,21 @@ func FormatRecord(r Record) string {
 }
 
 // formatLine formats one line of the log, or says plainly that it is not a
-// record, so a damaged log is visible rather than skipped.
+// record, so a damaged log is visible rather than skipped. Seals and the
+// genesis line give "": they are skipped, being for `airlock audit verify`,
+// and `tail -n N` then still shows N calls.
 func formatLine(line []byte) string {
-	var r Record
+	var r struct {
+		Record
+		Kind string `json:"kind"`
+	}
 	if err := json.Unmarshal(line, &r); err != nil {
 		return fmt.Sprintf("(unreadable line: %v)", err)
 	}
-	return FormatRecord(r)
+	if r.Kind != "" {
+		return ""
+	}
+	return FormatRecord(r.Record)
 }
 
 // Tail prints the last n records of the log at path, readably. With follow
@@ -94,7 +102,11 @@ func Tail(ctx context.Context, path string, n int, follow bool, w io.Writer) err
 			return fmt.Errorf("audit log: %w", err)
 		}
 		offset += int64(len(line))
-		last = append(last, formatLine(line[:len(line)-1]))
+		l := formatLine(line[:len(line)-1])
+		if l == "" {
+			continue
+		}
+		last = append(last, l)
 		if n >= 0 && len(last) > n {
 			last = last[1:]
 		}
@@ -159,8 +171,10 @@ func copyLines(f *os.File, partial *[]byte, w io.Writer) error {
 				if i < 0 {
 					break
 				}
-				if _, err := fmt.Fprintln(w, formatLine((*partial)[:i])); err != nil {
-					return err
+				if l := formatLine((*partial)[:i]); l != "" {
+					if _, err := fmt.Fprintln(w, l); err != nil {
+						return err
+					}
 				}
 				*partial = (*partial)[i+1:]
 			}

@@ -49,7 +49,7 @@ func TestTailLastAndFollowAcrossRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"r1", "r2", "r3"} {
-		if err := a.Write(sampleRecord(id)); err != nil {
+		if _, err := a.Write(sampleRecord(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -67,7 +67,7 @@ func TestTailLastAndFollowAcrossRotation(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Tail(ctx, path, 0, true, &follow) }()
 	time.Sleep(300 * time.Millisecond)
-	_ = a.Write(sampleRecord("r4"))
+	_, _ = a.Write(sampleRecord("r4"))
 	// Rotate by hand: rename and start a new file, as Audit does.
 	a.Close()
 	if err := os.Rename(path, path+".1"); err != nil {
@@ -78,7 +78,7 @@ func TestTailLastAndFollowAcrossRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	_ = b.Write(sampleRecord("r5"))
+	_, _ = b.Write(sampleRecord("r5"))
 	deadline := time.Now().Add(5 * time.Second)
 	for !strings.Contains(follow.String(), " r5 ") && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)

@@ -35,7 +35,10 @@ func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func()
 		if cfg.Audit.Stdout {
 			mirror = os.Stdout // the cluster's log pipeline collects it
 		}
-		h.Audit = approval.NewAuditMirrored(cfg.AuditFile(), int64(cfg.Audit.MaxMB)<<20, mirror)
+		h.Audit = approval.NewAuditWith(approval.AuditOptions{
+			Path: cfg.AuditFile(), MaxBytes: int64(cfg.Audit.MaxMB) << 20, Mirror: mirror,
+			KeyFile: cfg.AuditKeyFile(), HeadFile: cfg.AuditHeadFile(), SealEvery: cfg.Audit.SealEvery,
+		})
 		if err := h.Audit.Check(); err != nil {
 			// Serve anyway: every call then says why it cannot run, which a
 			// desktop user sees; a server that exits shows them nothing.

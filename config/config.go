@@ -193,6 +193,9 @@ type AuditConfig struct {
 	// Stdout also writes every record to stdout, one JSON line each, for a
 	// cluster's log pipeline; then only an explicit Path adds a file.
 	Stdout bool `mapstructure:"stdout"`
+	// SealEvery writes a signed seal into the log after this many records
+	// (and always at shutdown); 0 seals only at shutdown.
+	SealEvery int `mapstructure:"seal_every"`
 }
 
 // Network modes a call may ask for.
@@ -260,6 +263,11 @@ type RuntimeConfig struct {
 	Shim       string   `mapstructure:"shim"`
 	Runsc      string   `mapstructure:"runsc"`
 	RunscFlags []string `mapstructure:"runsc_flags"`
+	// DirectFS lets the sandbox open files on the host itself (runsc's
+	// --directfs): faster file access, but the sandbox process is then host
+	// uid 0 with file capabilities. Off, it is nobody in a user namespace
+	// of its own and the gofer opens files for it.
+	DirectFS bool `mapstructure:"directfs"`
 }
 
 // Backends accepted by runtime.backend.
@@ -392,7 +400,7 @@ func Defaults() Config {
 			Timeout: 120 * time.Second,
 			Console: ConsoleConfig{Listen: "127.0.0.1:8766", Hosts: []string{}},
 		},
-		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100},
+		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100, SealEvery: 100},
 		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
 		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16},
 		Files:    FilesConfig{MaxFileMB: 8},
@@ -437,6 +445,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("kubernetes.egress_address", d.Kubernetes.EgressAddress)
 	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
 	v.SetDefault("runtime.runsc_flags", d.Runtime.RunscFlags)
+	v.SetDefault("runtime.directfs", d.Runtime.DirectFS)
 	v.SetDefault("image", d.Image)
 	v.SetDefault("limits.timeout_s", d.Limits.TimeoutS)
 	v.SetDefault("limits.max_timeout_s", d.Limits.MaxTimeoutS)
@@ -479,6 +488,7 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("audit.include_code", d.Audit.IncludeCode)
 	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
 	v.SetDefault("audit.stdout", d.Audit.Stdout)
+	v.SetDefault("audit.seal_every", d.Audit.SealEvery)
 	v.SetDefault("pool.size", d.Pool.Size)
 	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
 	v.SetDefault("pool.preload", d.Pool.Preload)
@@ -623,6 +633,7 @@ func (c Config) Validate() error {
 		{len(c.Approval.GrantableDomains) == 0 || c.Approval.Enabled(),
 			"approval.grantable_domains needs approval.mode always or rules: only a human can grant a domain"},
 		{c.Audit.MaxMB >= 0, "audit.max_mb must not be negative (0 disables rotation)"},
+		{c.Audit.SealEvery >= 0, "audit.seal_every must not be negative (0 seals only at shutdown)"},
 		{c.Breaker.Failures >= 0 && (c.Breaker.Failures == 0 || c.Breaker.Window >= time.Second && c.Breaker.Cooldown >= time.Second),
 			"breaker.failures must not be negative (0 turns the breaker off), and breaker.window and breaker.cooldown at least 1s (write them with units: 60s, 30s)"},
 		{c.Metrics.Listen == "" || isLoopbackAddr(c.Metrics.Listen),
@@ -703,6 +714,19 @@ func (c Config) AuditPath() string {
 		return c.Audit.Path
 	}
 	return c.StateDir + "/audit.jsonl"
+}
+
+// AuditKeyFile is the Ed25519 key that signs the audit log's seals.
+func (c Config) AuditKeyFile() string { return c.StateDir + "/audit.key" }
+
+// AuditHeadFile keeps the head of the audit log's hash chain, beside the
+// log (it is signed, so it needs no safer place than the log); "" when
+// there is no log file.
+func (c Config) AuditHeadFile() string {
+	if f := c.AuditFile(); f != "" {
+		return f + ".head"
+	}
+	return ""
 }
 
 // ClientTokenFile is where the HTTP transports' bearer tokens are read from.

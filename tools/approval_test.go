@@ -90,11 +90,16 @@ func (f *fixture) records(t *testing.T) []approval.Record {
 	sc := bufio.NewScanner(strings.NewReader(string(data)))
 	sc.Buffer(nil, 4<<20)
 	for sc.Scan() {
-		var r approval.Record
+		var r struct {
+			approval.Record
+			Kind string `json:"kind"`
+		}
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("audit line %q is not a record: %v", sc.Text(), err)
 		}
-		out = append(out, r)
+		if r.Kind == "" { // not the genesis line or a seal
+			out = append(out, r.Record)
+		}
 	}
 	return out
 }
@@ -572,6 +577,32 @@ func TestOneRecordPerCall(t *testing.T) {
 			t.Errorf("invalid call record = %+v", r)
 		}
 	}
+}
+
+// A result carries the hash of its call's audit line.
+func TestResultCarriesAuditRecord(t *testing.T) {
+	f := newFixture(t, "off", time.Second)
+	res := raw(t, f, "alice", modernCall(t, map[string]any{"code": "print(1)"}, "", nil))
+	sc, _ := res.StructuredContent.(map[string]any)
+	hash, _ := sc["audit_record"].(string)
+	id, _ := sc["run_id"].(string)
+	if res.IsError || len(hash) != 64 || id == "" {
+		t.Fatalf("result %q, structured content %v; want audit_record, a SHA-256", resText(res), sc)
+	}
+	data, err := os.ReadFile(f.audit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		var r approval.Record
+		if json.Unmarshal([]byte(line), &r) == nil && r.ID == id {
+			if got := approval.LineHash([]byte(line)); got != hash {
+				t.Errorf("audit_record %s, but the record's line hashes to %s", hash, got)
+			}
+			return
+		}
+	}
+	t.Errorf("no audit record of run %s", id)
 }
 
 // The console: list, approve, see the result; and its refusals.

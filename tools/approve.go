@@ -226,7 +226,7 @@ func (h *Handlers) deferRecord(p *approval.Pending, rec approval.Record) {
 			return
 		}
 		rec.WaitMS = time.Since(p.Created).Milliseconds()
-		if err := h.writeRecord(rec); err != nil {
+		if _, err := h.writeRecord(rec); err != nil {
 			h.Log.Error("audit record not written", "approval", p.ID, "err", err)
 		}
 	}

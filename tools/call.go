@@ -265,9 +265,21 @@ func (c *call) finish(res *mcp.CallToolResult) *mcp.CallToolResult {
 		c.rec.Decision = approval.DecisionNone
 	}
 	countCall(c.rec)
-	if err := c.h.writeRecord(c.rec); err != nil {
+	hash, err := c.h.writeRecord(c.rec)
+	if err != nil {
 		c.h.Log.Error("audit record not written", "run", c.rec.ID, "err", err)
 		res.Content = append(res.Content, mcp.NewTextContent(fmt.Sprintf("Warning: the audit record of this call could not be written (%v).", err)))
+	}
+	if hash != "" {
+		// The client can keep it and later show this very record exists.
+		switch o := res.StructuredContent.(type) {
+		case RunOutput:
+			o.AuditRecord = hash
+			res.StructuredContent = o
+		case WriteFileOutput:
+			o.AuditRecord = hash
+			res.StructuredContent = o
+		}
 	}
 	if c.console && c.h.Gate != nil {
 		f := approval.Finished{
@@ -282,9 +294,10 @@ func (c *call) finish(res *mcp.CallToolResult) *mcp.CallToolResult {
 	return res
 }
 
-func (h *Handlers) writeRecord(rec approval.Record) error {
+// writeRecord writes rec and returns its line's hash ("" without a log).
+func (h *Handlers) writeRecord(rec approval.Record) (string, error) {
 	if h.Audit == nil {
-		return nil
+		return "", nil
 	}
 	if !h.AuditCode {
 		rec.Code = ""

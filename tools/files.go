@@ -27,6 +27,8 @@ const (
 type WriteFileOutput struct {
 	Path string `json:"path" jsonschema:"The file written, relative to /workspace"`
 	Size int64  `json:"size" jsonschema:"Bytes written"`
+	// AuditRecord is the hash of the call's audit line.
+	AuditRecord string `json:"audit_record,omitempty" jsonschema:"SHA-256 (hex) of this call's line in the server's audit log; airlock audit verify checks the chain it belongs to"`
 }
 
 // ReadFileOutput is the structuredContent of read_file.

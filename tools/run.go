@@ -54,6 +54,9 @@ type RunOutput struct {
 	// session is over (its interpreter died or would not stop).
 	SessionID    string `json:"session_id,omitempty"`
 	SessionEnded bool   `json:"session_ended,omitempty"`
+	// AuditRecord is the hash of the call's audit line, set when it is
+	// written.
+	AuditRecord string `json:"audit_record,omitempty" jsonschema:"SHA-256 (hex) of this call's line in the server's audit log; airlock audit verify checks the chain it belongs to"`
 }
 
 // OutFile is a file a run left under /workspace/out.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,9 @@ type Options struct {
 	Shim       string
 	Runsc      string   // absolute path of runsc
 	RunscFlags []string // extra global runsc flags (runc shim only)
+	// DirectFS is runsc's --directfs (runc shim only); see
+	// config.RuntimeConfig.DirectFS.
+	DirectFS   bool
 	InstanceID string
 	// DeploymentID labels every sandbox, and scopes every sweep.
 	DeploymentID string
@@ -136,11 +140,13 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	}
 	switch o.Shim {
 	case ShimRunc:
-		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, o.RunscFlags, false)
+		// runsc_flags come last, so an explicit --directfs there wins.
+		flags := append([]string{"--directfs=" + strconv.FormatBool(o.DirectFS)}, o.RunscFlags...)
+		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, flags, false)
 		if err != nil {
 			return nil, err
 		}
-		netWrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, o.RunscFlags, true)
+		netWrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, flags, true)
 		if err != nil {
 			return nil, err
 		}

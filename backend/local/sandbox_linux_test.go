@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -574,4 +576,63 @@ func removeContainer(s *boot.Stack, id string) error {
 		return err
 	}
 	return c.Delete(ctx, containerd.WithSnapshotCleanup)
+}
+
+// With runtime.directfs off (the default) the sandbox process on the host
+// is not root: runsc runs it as nobody in a user namespace of its own, and
+// the gofer opens files for it. With directfs it would be host uid 0.
+func TestSandboxProcessIsNobodyOnHost(t *testing.T) {
+	s := need(t)
+	if s.Config.Runtime.DirectFS {
+		t.Fatal("the test config has runtime.directfs on; the default must be off")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	started := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Manager.Run(ctx, runtime.Request{Language: runtime.Shell, Code: "echo up; sleep 60", Limits: limits(),
+			Output: func(runtime.Stream, []byte) { once.Do(func() { close(started) }) }})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("the run ended before its output: %v", err)
+	}
+	root := local.RunscRoot(s.Deployment)
+	selfNS, err := os.Readlink("/proc/self/ns/user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := 0
+	pids, argvs := local.RunscProcs()
+	for i, args := range argvs {
+		joined := strings.Join(args, " ") + " "
+		// The shim adds the containerd namespace to runsc's root.
+		if filepath.Base(args[0]) != "runsc-sandbox" || !strings.Contains(joined, "--root="+root+"/") {
+			continue
+		}
+		dir := fmt.Sprintf("/proc/%d", pids[i])
+		status, err := os.ReadFile(filepath.Join(dir, "status"))
+		ns, nsErr := os.Readlink(filepath.Join(dir, "ns", "user"))
+		if err != nil || nsErr != nil {
+			continue // it exited meanwhile
+		}
+		found++
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) == 5 && f[0] == "Uid:" && slices.Contains(f[1:], "0") {
+				t.Errorf("sandbox process %s runs as host uid 0: %q", dir, line)
+			}
+		}
+		if ns == selfNS {
+			t.Errorf("sandbox process %s shares the host's user namespace %s", dir, ns)
+		}
+	}
+	if found == 0 {
+		t.Fatalf("no runsc-sandbox process under --root %s while the run was going", root)
+	}
+	cancel()
+	<-done
 }

@@ -5,13 +5,13 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 
-import { assertNoLeftovers, auditRecords, airlockCLI, consoleConfig, sleep, startServer, waitFor } from './lib.mjs';
+import { STATE_DIR, assertNoLeftovers, auditRecords, airlockCLI, consoleConfig, sleep, startServer, waitFor } from './lib.mjs';
 
 const execFileP = promisify(execFile);
 
@@ -121,7 +121,7 @@ describe('approval through elicitation (stdio)', { timeout: 10 * 60_000 }, () =>
   test('every call leaves exactly one well-formed audit record', w(async () => {
     const before = (await auditRecords(auditFile)).length;
     user.next = APPROVE;
-    await srv.python('import sys; sys.exit(3)'); // approved, fails
+    const ran = await srv.python('import sys; sys.exit(3)'); // approved, fails
     user.next = { action: 'decline' };
     await srv.python('print(2)'); // denied
     await srv.python(''); // invalid: never asks
@@ -146,6 +146,15 @@ describe('approval through elicitation (stdio)', { timeout: 10 * 60_000 }, () =>
       assert.equal(r.transport, 'stdio');
       assert.ok(r.id && r.time && r.tool === 'run_python', JSON.stringify(r));
     }
+    // The result names its record by the line's hash, and the log's chain,
+    // seals and head check out.
+    const line = (await readFile(auditFile, 'utf8')).split('\n').find((l) => l.includes(`"id":"${failed.id}"`));
+    assert.equal(ran.sc.audit_record, createHash('sha256').update(line).digest('hex'));
+    const cfg = path.join(dir, 'verify.yaml');
+    await writeFile(cfg, `state_dir: ${JSON.stringify(STATE_DIR)}\naudit: {path: ${JSON.stringify(auditFile)}}\n`);
+    const v = await airlockCLI(['audit', 'verify', '--config', cfg]);
+    assert.equal(v.code, 0, v.stdout + v.stderr);
+    assert.match(v.stdout, /^ok: \d+ records/);
   }));
 
   test('a file written into a session is approved like code, and recorded', w(async () => {

@@ -313,7 +313,10 @@ export async function consoleConfig(prefix) {
   return { dir, lines, cfg, auditFile };
 }
 
-/** Reads a JSON Lines audit log; every line must be a whole record. */
+/**
+ * Reads the call records of a JSON Lines audit log (not its genesis and
+ * seal lines); every line must be whole.
+ */
 export async function auditRecords(file) {
   let text;
   try {
@@ -323,7 +326,7 @@ export async function auditRecords(file) {
     throw err;
   }
   if (text && !text.endsWith('\n')) throw new Error(`${file} ends in a partial record`);
-  return text.split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  return text.split('\n').filter(Boolean).map((l) => JSON.parse(l)).filter((r) => !r.kind);
 }
 
 /** Finds the instance whose lock file under state_dir/instances holds pid. */

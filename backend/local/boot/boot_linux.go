@@ -234,6 +234,7 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (local.Op
 		Image:        img,
 		Runsc:        runsc,
 		RunscFlags:   cfg.Runtime.RunscFlags,
+		DirectFS:     cfg.Runtime.DirectFS,
 		InstanceID:   s.Instance.ID,
 		DeploymentID: s.Deployment,
 		StateDir:     cfg.StateDir,
