@@ -57,6 +57,9 @@ type Record struct {
 	Granted      []string `json:"granted_domains,omitempty"`
 	// EgressDenied lists refused destinations as "host:port (reason)".
 	EgressDenied []string `json:"egress_denied"`
+	// Attempts are what gVisor's runtime monitoring saw the code try, as
+	// "kind syscall xN".
+	Attempts []string `json:"attempts,omitempty"`
 	// Outcome is what became of the call: ran, invalid_arguments, not_approved,
 	// busy, client_limit, cancelled, infrastructure_error, audit_unavailable.
 	Outcome string `json:"outcome"`

@@ -10,12 +10,14 @@ import (
 	"net/netip"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/viper"
 
 	"github.com/airlock-mcp/airlock/approval"
+	"github.com/airlock-mcp/airlock/runtime/monitor"
 )
 
 // Shim names accepted by runtime.shim.
@@ -41,6 +43,7 @@ type Config struct {
 	Network    NetworkConfig    `mapstructure:"network"`
 	Approval   ApprovalConfig   `mapstructure:"approval"`
 	Audit      AuditConfig      `mapstructure:"audit"`
+	Monitor    MonitorConfig    `mapstructure:"monitor"`
 	Pool       PoolConfig       `mapstructure:"pool"`
 	Sessions   SessionsConfig   `mapstructure:"sessions"`
 	Files      FilesConfig      `mapstructure:"files"`
@@ -196,6 +199,28 @@ type AuditConfig struct {
 	// SealEvery writes a signed seal into the log after this many records
 	// (and always at shutdown); 0 seals only at shutdown.
 	SealEvery int `mapstructure:"seal_every"`
+}
+
+// knownKinds reports whether every one of kinds is a monitor.Kind.
+func knownKinds(kinds []string) bool {
+	for _, k := range kinds {
+		if !slices.Contains(monitor.Kinds(), monitor.Kind(k)) {
+			return false
+		}
+	}
+	return true
+}
+
+// MonitorConfig is gVisor's runtime monitoring of what sandboxed code
+// tries (mounts, module loads, ptrace, ...).
+type MonitorConfig struct {
+	// Enabled starts every sandbox with a trace session reporting to
+	// airlock (the runc shim's sandboxes; a sandbox whose report cannot be
+	// set up is not started).
+	Enabled bool `mapstructure:"enabled"`
+	// KillOn ends a run at the first attempt of one of these kinds, with
+	// reason policy_violation.
+	KillOn []string `mapstructure:"kill_on"`
 }
 
 // Network modes a call may ask for.
@@ -401,6 +426,7 @@ func Defaults() Config {
 			Console: ConsoleConfig{Listen: "127.0.0.1:8766", Hosts: []string{}},
 		},
 		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100, SealEvery: 100},
+		Monitor:  MonitorConfig{Enabled: true, KillOn: []string{}},
 		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
 		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16},
 		Files:    FilesConfig{MaxFileMB: 8},
@@ -489,6 +515,8 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("audit.max_mb", d.Audit.MaxMB)
 	v.SetDefault("audit.stdout", d.Audit.Stdout)
 	v.SetDefault("audit.seal_every", d.Audit.SealEvery)
+	v.SetDefault("monitor.enabled", d.Monitor.Enabled)
+	v.SetDefault("monitor.kill_on", d.Monitor.KillOn)
 	v.SetDefault("pool.size", d.Pool.Size)
 	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
 	v.SetDefault("pool.preload", d.Pool.Preload)
@@ -634,6 +662,7 @@ func (c Config) Validate() error {
 			"approval.grantable_domains needs approval.mode always or rules: only a human can grant a domain"},
 		{c.Audit.MaxMB >= 0, "audit.max_mb must not be negative (0 disables rotation)"},
 		{c.Audit.SealEvery >= 0, "audit.seal_every must not be negative (0 seals only at shutdown)"},
+		{knownKinds(c.Monitor.KillOn), fmt.Sprintf("monitor.kill_on takes only these kinds: %v", monitor.Kinds())},
 		{c.Breaker.Failures >= 0 && (c.Breaker.Failures == 0 || c.Breaker.Window >= time.Second && c.Breaker.Cooldown >= time.Second),
 			"breaker.failures must not be negative (0 turns the breaker off), and breaker.window and breaker.cooldown at least 1s (write them with units: 60s, 30s)"},
 		{c.Metrics.Listen == "" || isLoopbackAddr(c.Metrics.Listen),

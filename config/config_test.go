@@ -119,6 +119,7 @@ func TestValidateNamesTheKey(t *testing.T) {
 			c.Network.AllowDomains = []string{"pypi.org"}
 			c.Kubernetes.NetworkRuntimeClass, c.Kubernetes.EgressAddress = "gvisor-net", "airlock-egress.airlock:3128"
 		},
+		"monitor.kill_on": func(c *Config) { c.Monitor.KillOn = []string{"mount", "mounts"} },
 	}
 	for key, mutate := range cases {
 		t.Run(key, func(t *testing.T) {

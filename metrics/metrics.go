@@ -94,6 +94,12 @@ var (
 		Name: "airlock_approvals_total",
 		Help: "Approval decisions of calls.",
 	}, []string{"decision"})
+	// MonitorDropped counts gVisor runtime monitoring events a sandbox
+	// could not send (its socket to airlock was full).
+	MonitorDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "airlock_monitor_events_dropped_total",
+		Help: "Runtime monitoring events gVisor dropped because airlock's socket was full.",
+	})
 )
 
 // Escapes counts sandbox escape attempts that can be observed from
@@ -163,7 +169,7 @@ type escapeCollector struct {
 func newEscapeCollector() *escapeCollector {
 	e := &escapeCollector{
 		desc: prometheus.NewDesc("airlock_sandbox_escape_attempts_total",
-			"Observed attempts to reach past a sandbox's limits: forbidden addresses, IP literals, denied destinations, SNI mismatches, unregistered sources at the proxy, firewall drops.",
+			"Observed attempts to reach past a sandbox's limits: forbidden addresses, IP literals, denied destinations, SNI mismatches, unregistered sources at the proxy, firewall drops; and what gVisor's runtime monitoring saw (mount, namespace, module, ptrace, privilege, kernel, readonly_write, raw_socket, connect_blocked).",
 			[]string{"kind"}, nil),
 		counts: map[string]*atomic.Uint64{},
 	}
@@ -183,6 +189,18 @@ func (e *escapeCollector) Inc(kind string) {
 	}
 	e.mu.Unlock()
 	c.Add(1)
+}
+
+// Declare makes kinds appear at zero before their first attempt, so a
+// dashboard sees every kind a source can count.
+func (e *escapeCollector) Declare(kinds ...string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, k := range kinds {
+		if e.counts[k] == nil {
+			e.counts[k] = new(atomic.Uint64)
+		}
+	}
 }
 
 // Count is the attempts of kind counted so far (firewall drops aside).
@@ -226,7 +244,7 @@ func init() {
 	Registry.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		Executions, ExecutionDuration, SandboxStart, LimitViolations, EgressRequests, Approvals, Escapes,
+		Executions, ExecutionDuration, SandboxStart, LimitViolations, EgressRequests, Approvals, MonitorDropped, Escapes,
 		stateCollector{
 			pool:     prometheus.NewDesc("airlock_pool_ready", "Warm sandboxes ready, by network mode.", []string{"network"}, nil),
 			sessions: prometheus.NewDesc("airlock_sessions_active", "Stateful sessions open.", nil, nil),

@@ -13,6 +13,7 @@ func TestHandlerServesEveryMetric(t *testing.T) {
 	SetPoolReady(func() map[string]int { return map[string]int{"none": 2} })
 	SetCircuitOpen(func() bool { return true })
 	Escapes.SetFirewall(func() uint64 { return 7 })
+	Escapes.Declare("mount")
 	defer func() {
 		SetPoolReady(nil)
 		SetCircuitOpen(nil)
@@ -33,6 +34,8 @@ func TestHandlerServesEveryMetric(t *testing.T) {
 		`airlock_resource_limit_violations_total{limit="disk"} 0`,
 		`airlock_sandbox_escape_attempts_total{kind="firewall_drop"} 7`,
 		`airlock_sandbox_escape_attempts_total{kind="sni_mismatch"} 0`,
+		`airlock_sandbox_escape_attempts_total{kind="mount"} 0`,
+		"airlock_monitor_events_dropped_total 0",
 		`airlock_egress_requests_total{decision="deny"} 0`,
 		"# TYPE airlock_approvals_total counter",
 		"airlock_circuit_open 1",

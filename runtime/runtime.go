@@ -104,6 +104,9 @@ type Result struct {
 	LimitsHit []string
 	// EgressDenied lists the destinations the egress proxy refused.
 	EgressDenied []egress.Denial
+	// Attempts are what gVisor's runtime monitoring saw the code try
+	// (mounts, module loads, ptrace, ...), when it is on.
+	Attempts []Attempt
 	// Warm says the run used a pooled sandbox.
 	Warm bool
 	// Rich is what a Python run showed besides its output: the value of a

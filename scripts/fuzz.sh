@@ -20,6 +20,7 @@ targets=(
   "FuzzRender ./approval"
   "FuzzDescribeFrame ./approval"
   "FuzzIDScanner ./server"
+  "FuzzParseMessage ./runtime/monitor"
 )
 for t in "${targets[@]}"; do
   read -r name pkg <<<"$t"

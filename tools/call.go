@@ -234,6 +234,9 @@ func (c *call) noteRun(out runtime.Result, err error, res *mcp.CallToolResult) {
 		for _, d := range out.EgressDenied {
 			c.rec.EgressDenied = append(c.rec.EgressDenied, fmt.Sprintf("%s:%d (%s)", d.Host, d.Port, d.Reason))
 		}
+		for _, a := range out.Attempts {
+			c.rec.Attempts = append(c.rec.Attempts, fmt.Sprintf("%s %s x%d", a.Kind, a.Syscall, a.Count))
+		}
 	case errors.Is(err, runtime.ErrBusy), errors.Is(err, runtime.ErrSessionBusy):
 		c.rec.Outcome, c.rec.Error = approval.OutcomeBusy, resultText(res)
 	case errors.As(err, new(*runtime.CircuitOpenError)):

@@ -42,6 +42,9 @@ type RunOutput struct {
 	// EgressDenied lists network destinations the egress proxy refused, so
 	// the caller can correct the code or ask for the domain.
 	EgressDenied []DeniedOut `json:"egress_denied" jsonschema:"Network destinations the egress proxy refused during the run"`
+	// Attempts are what gVisor saw the code try that sandboxed code has no
+	// business doing; absent when there were none.
+	Attempts []runtime.Attempt `json:"attempts,omitempty" jsonschema:"What gVisor's runtime monitoring saw the code try that the sandbox refuses or code should not need (mount, namespace, module, ptrace, privilege, kernel, readonly_write, raw_socket, connect_blocked), with the syscall and how often"`
 	// Display, Images and Files are what a notebook cell would show
 	// besides the output.
 	Display       string    `json:"display,omitempty" jsonschema:"The value of the code's last expression, as a notebook shows it (Python; pandas objects as a table)"`
@@ -306,6 +309,7 @@ func ToOutput(r runtime.Result) RunOutput {
 		StderrTruncated: r.StderrTruncated,
 		Reason:          r.Reason,
 		EgressDenied:    denied(r.EgressDenied),
+		Attempts:        r.Attempts,
 		SessionEnded:    r.SessionLost,
 	}
 	if rich := r.Rich; rich != nil {
@@ -381,6 +385,13 @@ func RenderText(o RunOutput) string {
 	}
 	if o.SessionEnded {
 		fmt.Fprintf(&b, "The session %s has ended: its interpreter died or would not stop, and its state and files are gone. Start another with session_create.\n", o.SessionID)
+	}
+	if len(o.Attempts) > 0 {
+		parts := make([]string, 0, len(o.Attempts))
+		for _, a := range o.Attempts {
+			parts = append(parts, fmt.Sprintf("%s (%s) x%d", a.Kind, a.Syscall, a.Count))
+		}
+		fmt.Fprintf(&b, "gVisor saw the code try: %s\n", strings.Join(parts, ", "))
 	}
 	if len(o.EgressDenied) > 0 {
 		b.WriteString("--- network destinations refused ---\n")

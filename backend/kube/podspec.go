@@ -16,6 +16,9 @@ import (
 // Container is the name of a sandbox pod's only container.
 const Container = "sandbox"
 
+// annotationPrefix is the only prefix a sandbox pod's annotations have.
+const annotationPrefix = "airlock.dev/"
+
 // PodPolicy is everything the pod of one sandbox is built from: the same
 // policy the local backend builds its OCI spec from, plus where the pod
 // may be placed.
@@ -128,6 +131,12 @@ func Pod(p PodPolicy) (*corev1.Pod, error) {
 	if len(p.Annotations) > 0 {
 		annotations = make(map[string]string, len(p.Annotations))
 		for k, v := range p.Annotations {
+			// Only airlock's own keys: a node's containerd may pass pod
+			// annotations on to runsc, which honours dev.gvisor.flag.*
+			// even without --allow-flag-override.
+			if !strings.HasPrefix(k, annotationPrefix) {
+				return nil, fmt.Errorf("pod spec: annotation %q is not airlock's (%s*)", k, annotationPrefix)
+			}
 			annotations[k] = v
 		}
 	}

@@ -200,6 +200,9 @@ func TestPodRefusals(t *testing.T) {
 		{"no name", func(p *PodPolicy) { p.Name = "" }, "name"},
 		{"no deadline", func(p *PodPolicy) { p.DeadlineSeconds = 0 }, "deadline"},
 		{"bad env", func(p *PodPolicy) { p.Env = []string{"NOEQUALS"} }, "KEY=VALUE"},
+		{"a runsc flag as annotation", func(p *PodPolicy) {
+			p.Annotations = map[string]string{annOwner: "alice", "dev.gvisor.flag.host-uds": "all"}
+		}, "dev.gvisor.flag.host-uds"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -60,7 +60,12 @@ type Options struct {
 	RunscFlags []string // extra global runsc flags (runc shim only)
 	// DirectFS is runsc's --directfs (runc shim only); see
 	// config.RuntimeConfig.DirectFS.
-	DirectFS   bool
+	DirectFS bool
+	// Monitor starts every sandbox with gVisor's runtime monitoring
+	// reporting to this instance (runc shim only); KillOn are the kinds
+	// that end a run at once (runtime.ReasonPolicyViolation).
+	Monitor    bool
+	KillOn     []string
 	InstanceID string
 	// DeploymentID labels every sandbox, and scopes every sweep.
 	DeploymentID string
@@ -105,8 +110,10 @@ type ContainerdManager struct {
 	oom         map[string]bool
 	stopEvents  context.CancelFunc
 	fifoDir     string
-	pool        *Pool
-	breaker     *runtime.Breaker
+	// watch receives runtime monitoring events; nil when it is off.
+	watch   *watcher
+	pool    *Pool
+	breaker *runtime.Breaker
 	// restarts counts containerd going down and coming back.
 	restarts atomic.Uint64
 	// live are the sandboxes this manager holds, by container id.
@@ -142,11 +149,15 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	case ShimRunc:
 		// runsc_flags come last, so an explicit --directfs there wins.
 		flags := append([]string{"--directfs=" + strconv.FormatBool(o.DirectFS)}, o.RunscFlags...)
-		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, flags, false)
+		monitorDir := ""
+		if o.Monitor {
+			monitorDir = MonitorDir(o.StateDir)
+		}
+		wrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, flags, false, monitorDir)
 		if err != nil {
 			return nil, err
 		}
-		netWrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, flags, true)
+		netWrapper, err := WriteRunscWrapper(o.StateDir, o.Runsc, flags, true, monitorDir)
 		if err != nil {
 			return nil, err
 		}
@@ -156,6 +167,11 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 		root := RunscRoot(o.DeploymentID)
 		m.runtimeOpts = &options.Options{BinaryName: wrapper, Root: root}
 		m.netOpts = &options.Options{BinaryName: netWrapper, Root: root}
+		if o.Monitor {
+			if m.watch, err = newWatcher(m); err != nil {
+				return nil, err
+			}
+		}
 	case ShimRunsc:
 		// gVisor's shim finds runsc on containerd's PATH and takes no options here.
 	default:
@@ -177,6 +193,10 @@ const runscRootBase = "/run/airlock/runsc"
 // RunscRoot is runsc's state root for deployment's sandboxes.
 func RunscRoot(deployment string) string { return filepath.Join(runscRootBase, deployment) }
 
+// MonitorDir holds a directory per instance with its runtime monitoring
+// socket and the configs of the sandboxes it is creating.
+func MonitorDir(stateDir string) string { return filepath.Join(stateDir, "monitor") }
+
 // FIFODir is where an instance's sandbox stdio pipes live. It is per
 // instance so that Close and GC remove exactly their own.
 func FIFODir(stateDir, instanceID string) string {
@@ -188,7 +208,14 @@ func FIFODir(stateDir, instanceID string) string {
 //
 // A networked wrapper gives runsc its own network stack over the namespace
 // airlock prepared; the other has none at all.
-func WriteRunscWrapper(stateDir, runsc string, flags []string, networked bool) (string, error) {
+//
+// With monitorDir set, a runsc call whose last argument is a container id
+// with a runtime monitoring config at monitorDir/<instance>/<id>.json (the
+// create of that container: airlock writes the file just before and removes
+// it after) also gets --pod-init-config, so the sandbox reports to the
+// instance that made it. The wrapper is the same for every instance of the
+// state_dir; the file says which listener.
+func WriteRunscWrapper(stateDir, runsc string, flags []string, networked bool, monitorDir string) (string, error) {
 	if !filepath.IsAbs(runsc) {
 		return "", fmt.Errorf("runsc path %q must be absolute", runsc)
 	}
@@ -196,19 +223,32 @@ func WriteRunscWrapper(stateDir, runsc string, flags []string, networked bool) (
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("create wrapper dir: %w", err)
 	}
-	var b strings.Builder
-	b.WriteString("#!/bin/sh\n# Written by airlock: runsc with airlock's flags, run by containerd's runc shim.\nexec ")
-	b.WriteString(shellQuote(runsc))
 	// No network stack at all unless the run has an egress policy; the empty
 	// network namespace is a second, independent barrier.
 	mode, name := "--network=none", "runsc-airlock"
 	if networked {
 		mode, name = "--network=sandbox", "runsc-airlock-net"
 	}
+	var cmd strings.Builder
+	cmd.WriteString(shellQuote(runsc))
 	for _, f := range append([]string{mode}, flags...) {
-		b.WriteString(" " + shellQuote(f))
+		cmd.WriteString(" " + shellQuote(f))
 	}
-	b.WriteString(" \"$@\"\n")
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n# Written by airlock: runsc with airlock's flags, run by containerd's runc shim.\n")
+	if monitorDir != "" {
+		fmt.Fprintf(&b, `id=
+for a; do id=$a; done
+case $id in
+airlock-*[!0-9a-z-]*) ;;
+airlock-*)
+  for f in %s/*/"$id".json; do
+    [ -f "$f" ] && exec %s --pod-init-config="$f" "$@"
+  done ;;
+esac
+`, shellQuote(monitorDir), cmd.String())
+	}
+	b.WriteString("exec " + cmd.String() + " \"$@\"\n")
 	p := filepath.Join(dir, name)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, []byte(b.String()), 0o755); err != nil {
@@ -317,6 +357,9 @@ func (m *ContainerdManager) Close(ctx context.Context) error {
 	_, err := RemoveSandboxes(ctx, m.o.Client, m.o.Namespace, m.o.DeploymentID, func(inst string) bool { return inst == m.o.InstanceID })
 	if rerr := os.RemoveAll(m.fifoDir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove fifo dir: %w", rerr))
+	}
+	if m.watch != nil {
+		err = errors.Join(err, m.watch.close())
 	}
 	return err
 }

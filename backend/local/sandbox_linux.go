@@ -54,6 +54,10 @@ type sandbox struct {
 	steps   map[string]float64
 	// pooled says the sandbox is made ahead for the warm pool.
 	pooled bool
+	// attempts are what runtime monitoring saw the code try (nil when it
+	// is off); violated is set at the first of a monitor.kill_on kind.
+	attempts *runtime.Attempts
+	violated atomic.Bool
 }
 
 // step records how long the making of the sandbox has taken so far.
@@ -145,6 +149,13 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 	})
 
 	s.diag = runtime.NewCappedBuffer(8<<10, nil)
+	if m.watch != nil {
+		done, err := m.watch.prepare(s)
+		if err != nil {
+			return nil, runtime.Infra("prepare runtime monitoring", err)
+		}
+		defer done()
+	}
 	var task containerd.Task
 	var stdoutR *io.PipeReader
 	for attempt := 1; ; attempt++ {
@@ -215,6 +226,9 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 	go s.st.Decode(stdoutR, func(driver.Hello) { s.started() }, s.log())
 	if err := task.Start(ctx); err != nil {
 		return nil, runtime.Infra("start sandbox", err)
+	}
+	if s.violated.Load() {
+		s.killNow() // a monitor.kill_on attempt came before the task was there
 	}
 	s.step("started")
 	return s, nil
@@ -375,7 +389,11 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 		s.onDestroy(func(context.Context) { unregister() })
 		files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
 	}
+	if warm && s.attempts != nil {
+		s.attempts.Take() // the warm-up's, not the run's
+	}
 	res, err = s.run(ctx, req, files, false)
+	err = m.noteAttempts(s, &res, err, false)
 	res.Warm = warm
 	if res.Timings != nil {
 		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000

@@ -586,21 +586,8 @@ func TestSandboxProcessIsNobodyOnHost(t *testing.T) {
 	if s.Config.Runtime.DirectFS {
 		t.Fatal("the test config has runtime.directfs on; the default must be off")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	started := make(chan struct{})
-	var once sync.Once
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.Manager.Run(ctx, runtime.Request{Language: runtime.Shell, Code: "echo up; sleep 60", Limits: limits(),
-			Output: func(runtime.Stream, []byte) { once.Do(func() { close(started) }) }})
-		done <- err
-	}()
-	select {
-	case <-started:
-	case err := <-done:
-		t.Fatalf("the run ended before its output: %v", err)
-	}
+	stop := startRun(t, s, context.Background(), runtime.Request{Language: runtime.Shell, Code: "echo up; sleep 60", Limits: limits()})
+	defer stop()
 	root := local.RunscRoot(s.Deployment)
 	selfNS, err := os.Readlink("/proc/self/ns/user")
 	if err != nil {
@@ -633,6 +620,55 @@ func TestSandboxProcessIsNobodyOnHost(t *testing.T) {
 	if found == 0 {
 		t.Fatalf("no runsc-sandbox process under --root %s while the run was going", root)
 	}
-	cancel()
-	<-done
+}
+
+// Nothing a caller sends reaches the OCI spec's annotations, where runsc
+// would honour dev.gvisor.flag.* (host-uds=all, for one) even without
+// --allow-flag-override: the spec is built from the operator's policy
+// alone. A call full of such strings runs, and its container's spec, read
+// back from containerd while it runs, has no annotations at all.
+func TestCallerCannotReachAnnotations(t *testing.T) {
+	s := need(t)
+	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
+	runID := runtime.NewRunID()
+	stop := startRun(t, s, ctx, runtime.Request{RunID: runID, Language: runtime.Shell,
+		Code:   "# dev.gvisor.flag.host-uds=all\necho 'dev.gvisor.flag.network=host'; sleep 60",
+		Limits: limits()})
+	defer stop()
+	cs, err := s.Client.Containers(ctx, fmt.Sprintf("labels.%q==%s", local.LabelRun, runID))
+	if err != nil || len(cs) != 1 {
+		t.Fatalf("the run's container: %d found, %v", len(cs), err)
+	}
+	spec, err := cs[0].Spec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(spec.Annotations) != 0 {
+		t.Errorf("the sandbox's spec has annotations %v; want none", spec.Annotations)
+	}
+}
+
+// startRun starts req and returns once its code has printed, with a func
+// that cancels the run and waits for it to end.
+func startRun(t *testing.T, s *boot.Stack, ctx context.Context, req runtime.Request) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	started := make(chan struct{})
+	var once sync.Once
+	req.Output = func(runtime.Stream, []byte) { once.Do(func() { close(started) }) }
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Manager.Run(ctx, req)
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		cancel()
+		t.Fatalf("the run ended before its output: %v", err)
+	}
+	return func() {
+		cancel()
+		<-done
+	}
 }

@@ -84,6 +84,7 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	defer release()
 	start := time.Now()
 	res, err := ss.s.run(ctx, req, ss.files, true)
+	err = ss.m.noteAttempts(ss.s, &res, err, true)
 	if ss.s.att != nil {
 		res.EgressDenied = ss.m.o.Proxy.TakeDenials(ss.id)
 	}

@@ -126,7 +126,9 @@ describe('sessions, files and rich results (stdio)', { timeout: 15 * 60_000 }, (
     const csv = 'name,score\nada,90\nbob,70\ncy,80\n';
     const wr = await srv.call('write_file', { session_id: id, path: 'data/scores.csv', content: csv });
     assert.equal(wr.isError, false, wr.text);
-    assert.deepEqual(wr.sc, { path: 'data/scores.csv', size: csv.length });
+    const { audit_record: rec, ...written } = wr.sc;
+    assert.deepEqual(written, { path: 'data/scores.csv', size: csv.length });
+    assert.match(rec, /^[0-9a-f]{64}$/, 'the result names its audit record');
     const code = 'import os, pandas as pd\ndf = pd.read_csv("data/scores.csv")\nos.makedirs("out", exist_ok=True)\n' +
       'df.assign(passed=df.score >= 75).to_csv("out/graded.csv", index=False)\nint(df.score.sum())';
     const r = await srv.python(code, { session_id: id });

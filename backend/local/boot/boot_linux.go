@@ -235,6 +235,8 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (local.Op
 		Runsc:        runsc,
 		RunscFlags:   cfg.Runtime.RunscFlags,
 		DirectFS:     cfg.Runtime.DirectFS,
+		Monitor:      cfg.Monitor.Enabled,
+		KillOn:       cfg.Monitor.KillOn,
 		InstanceID:   s.Instance.ID,
 		DeploymentID: s.Deployment,
 		StateDir:     cfg.StateDir,
@@ -360,7 +362,7 @@ func (s *Stack) Sweep(ctx context.Context) int {
 			s.log.Warn("remove network of dead instances", "err", err)
 		}
 	}
-	s.removeDeadFIFODirs()
+	s.removeDeadInstanceDirs()
 	return removed
 }
 
@@ -396,12 +398,15 @@ func (s *Stack) deadInstance(id string) bool {
 	return id != s.Instance.ID && !instance.Alive(s.Config.StateDir, id)
 }
 
-// removeDeadFIFODirs removes the stdio pipe dirs of instances that died.
-func (s *Stack) removeDeadFIFODirs() {
-	entries, _ := os.ReadDir(filepath.Join(s.Config.StateDir, "fifo"))
-	for _, e := range entries {
-		if s.deadInstance(e.Name()) {
-			_ = os.RemoveAll(filepath.Join(s.Config.StateDir, "fifo", e.Name()))
+// removeDeadInstanceDirs removes the stdio pipe and runtime monitoring
+// dirs of instances that died.
+func (s *Stack) removeDeadInstanceDirs() {
+	for _, parent := range []string{filepath.Join(s.Config.StateDir, "fifo"), local.MonitorDir(s.Config.StateDir)} {
+		entries, _ := os.ReadDir(parent)
+		for _, e := range entries {
+			if s.deadInstance(e.Name()) {
+				_ = os.RemoveAll(filepath.Join(parent, e.Name()))
+			}
 		}
 	}
 }

@@ -103,6 +103,7 @@ func Host(cfg config.Config) []Check {
 		nft.OK, nft.Detail = true, "nft list tables works"
 	}
 	out = append(out, nft)
+	out = append(out, lsmCheck("/"))
 	return out
 }
 

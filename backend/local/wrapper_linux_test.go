@@ -1,0 +1,52 @@
+package local
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The wrapper adds airlock's flags to every runsc call, and
+// --pod-init-config only to the call whose last argument is a container
+// with a monitoring config (its create), found under any instance's dir.
+func TestRunscWrapperFlags(t *testing.T) {
+	state := t.TempDir()
+	fake := filepath.Join(state, "fake-runsc")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho \"$@\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mon := MonitorDir(state)
+	cfg := filepath.Join(mon, "inst1", "airlock-abc123.json")
+	if err := os.MkdirAll(filepath.Dir(cfg), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w, err := WriteRunscWrapper(state, fake, []string{"--directfs=false", "it's quoted"}, false, mon)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--root", "/r", "create", "--bundle", "/b", "airlock-abc123"},
+			"--network=none --directfs=false it's quoted --pod-init-config=" + cfg + " --root /r create --bundle /b airlock-abc123"},
+		{[]string{"--root", "/r", "create", "--bundle", "/b", "airlock-other"},
+			"--network=none --directfs=false it's quoted --root /r create --bundle /b airlock-other"},
+		{[]string{"kill", "airlock-abc123", "9"}, "--network=none --directfs=false it's quoted kill airlock-abc123 9"},
+		{[]string{"delete", "airlock-../inst1/airlock-abc123"}, "--network=none --directfs=false it's quoted delete airlock-../inst1/airlock-abc123"},
+		{nil, "--network=none --directfs=false it's quoted"},
+	} {
+		out, err := exec.Command(w, c.args...).Output()
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if got := strings.TrimSpace(string(out)); got != c.want {
+			t.Errorf("%v:\n got %s\nwant %s", c.args, got, c.want)
+		}
+	}
+}
