@@ -50,6 +50,15 @@ try:
     open("/usr/airlock-was-here", "w")
 except OSError as e:
     print("refused", e)`, "readonly_write", "openat"},
+		// With no network stack (network "none") the connect fails inside
+		// gVisor: no packet exists, let alone leaves; 192.0.2.1 is
+		// TEST-NET-1 besides.
+		{"connect past the sandbox", `
+import socket
+try:
+    socket.create_connection(("192.0.2.1", 9), timeout=2)
+except OSError as e:
+    print("refused", e)`, "connect_blocked", "connect"},
 		{"raw socket", `
 import socket
 try:
