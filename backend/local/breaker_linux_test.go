@@ -12,7 +12,6 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	"github.com/airlock-mcp/airlock/backend/local"
 	"github.com/airlock-mcp/airlock/backend/local/boot"
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime"
@@ -45,14 +44,7 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 	o.StateDir, o.Runsc = dir, fake
 	o.Concurrency, o.Queue, o.PoolSize = 2, 0, 0
 	o.Breaker = runtime.BreakerOptions{Failures: 3, Window: time.Minute, Cooldown: 2 * time.Second}
-	m, err := local.NewContainerd(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = m.Close(context.Background())
-		assertNoSandboxes(t, s)
-	})
+	m := startManager(t, s, ctx, o)
 	metrics.SetCircuitOpen(m.Breaker().Open)
 	defer metrics.SetCircuitOpen(s.Manager.Breaker().Open)
 
@@ -71,7 +63,7 @@ func TestBreakerOpensAndCloses(t *testing.T) {
 		t.Fatalf("after 3 creation failures: breaker open %v, airlock_circuit_open %v; want open, 1", m.Breaker().Open(), circuitGauge(t))
 	}
 	before := countContainers(t, s)
-	_, err = m.Run(context.Background(), req("print(1)"))
+	_, err := m.Run(context.Background(), req("print(1)"))
 	var co *runtime.CircuitOpenError
 	if !errors.As(err, &co) || !strings.Contains(co.Reason, "create sandbox task") {
 		t.Fatalf("run with the breaker open: err = %v; want a CircuitOpenError naming the last failure", err)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 
-	"github.com/airlock-mcp/airlock/backend/local"
 	"github.com/airlock-mcp/airlock/runtime"
 )
 
@@ -120,14 +119,7 @@ func TestMonitorKillOn(t *testing.T) {
 	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
 	o := managerOptions(t, s, slog.LevelWarn)
 	o.KillOn = []string{"mount"}
-	m, err := local.NewContainerd(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = m.Close(context.Background())
-		assertNoSandboxes(t, s)
-	})
+	m := startManager(t, s, ctx, o)
 	code := syscallPy + "sc(\"mount\", 165, b\"none\", b\"/tmp\", b\"tmpfs\", 0, None)\nimport time\ntime.sleep(60)\nprint(\"survived\")\n"
 	res, err := m.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: limits()})
 	if err != nil {

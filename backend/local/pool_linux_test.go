@@ -32,6 +32,21 @@ func managerOptions(t *testing.T, s *boot.Stack, level slog.Level) local.Options
 	return o
 }
 
+// startManager starts a second manager on the test stack with options o;
+// the test's cleanup closes it and checks that no sandbox is left.
+func startManager(t *testing.T, s *boot.Stack, ctx context.Context, o local.Options) *local.ContainerdManager {
+	t.Helper()
+	m, err := local.NewContainerd(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = m.Close(context.Background())
+		assertNoSandboxes(t, s)
+	})
+	return m
+}
+
 // poolManager starts a second manager on the test stack with a warm pool of
 // size n, and waits until it is full.
 func poolManager(t *testing.T, n, concurrency int) *local.ContainerdManager {
@@ -41,14 +56,7 @@ func poolManager(t *testing.T, n, concurrency int) *local.ContainerdManager {
 	o := managerOptions(t, s, slog.LevelWarn)
 	o.Concurrency, o.Queue = concurrency, 0
 	o.PoolSize, o.PoolLimits, o.PoolMaxIdle = n, s.Config.Limits.RunLimits(0), time.Hour
-	m, err := local.NewContainerd(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = m.Close(context.Background())
-		assertNoSandboxes(t, s)
-	})
+	m := startManager(t, s, ctx, o)
 	waitReady(t, m, n)
 	return m
 }
