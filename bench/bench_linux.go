@@ -35,6 +35,37 @@ const (
 // AllModes are every mode, floor first.
 var AllModes = []string{ModeNative, ModeRunc, ModeCold, ModeWarm, ModeMCPCold, ModeMCPWarm}
 
+// The safety variants: gvisor-cold and gvisor-warm with runtime monitoring
+// off, or with runsc's directfs on, each compared with the configured
+// defaults (monitoring on, directfs off) to show what those defaults cost.
+const (
+	ModeColdNoMonitor = "gvisor-cold-nomonitor"
+	ModeWarmNoMonitor = "gvisor-warm-nomonitor"
+	ModeColdDirectFS  = "gvisor-cold-directfs"
+	ModeWarmDirectFS  = "gvisor-warm-directfs"
+)
+
+// SafetyModes are `--modes safety`: the defaults and their variants.
+var SafetyModes = []string{ModeCold, ModeColdNoMonitor, ModeColdDirectFS, ModeWarm, ModeWarmNoMonitor, ModeWarmDirectFS}
+
+// variant is how a safety mode differs from the configuration.
+type variant struct {
+	noMonitor, directFS bool
+}
+
+// variants maps every local gVisor mode to its variant.
+var variants = map[string]struct {
+	warm bool
+	v    variant
+}{
+	ModeCold:          {false, variant{}},
+	ModeWarm:          {true, variant{}},
+	ModeColdNoMonitor: {false, variant{noMonitor: true}},
+	ModeWarmNoMonitor: {true, variant{noMonitor: true}},
+	ModeColdDirectFS:  {false, variant{directFS: true}},
+	ModeWarmDirectFS:  {true, variant{directFS: true}},
+}
+
 // Options say what to measure.
 type Options struct {
 	Modes       []string `json:"modes"`
@@ -65,6 +96,8 @@ type Report struct {
 	// none, to show what the preloaded modules cost.
 	Memory  []Memory `json:"memory,omitempty"`
 	Targets []Target `json:"targets"`
+	// Costs of the safe defaults, when the safety variants ran.
+	Costs []Cost `json:"costs,omitempty"`
 }
 
 // Machine says where the numbers were taken.
@@ -75,6 +108,10 @@ type Machine struct {
 	MemTotal string `json:"mem_total"`
 	Go       string `json:"go"`
 	Shim     string `json:"shim"`
+	// Monitor and DirectFS are the configuration the gvisor-* modes ran
+	// with (the safety variants change one each).
+	Monitor  bool   `json:"monitor"`
+	DirectFS bool   `json:"directfs"`
 	Image    string `json:"image"`
 	Python   string `json:"native_python"`
 }
@@ -149,6 +186,7 @@ func Run(ctx context.Context, s *boot.Stack, o Options) (*Report, error) {
 		}
 	}
 	rep.Targets = targets(rep)
+	rep.Costs = costs(rep)
 	rep.Took = time.Since(rep.Started).Round(time.Second).String()
 	return rep, nil
 }
@@ -270,12 +308,15 @@ func newRunner(ctx context.Context, s *boot.Stack, kenv *kubeEnv, mode, rootfs s
 		}
 		return &runcRunner{client: s.Client, namespace: s.Config.Containerd.Namespace, image: img,
 			limits: s.Config.Limits.RunLimits(0), fifoDir: fifo, instance: s.Instance.ID}, nil
-	case ModeCold, ModeWarm:
+	case ModeCold, ModeWarm, ModeColdNoMonitor, ModeWarmNoMonitor, ModeColdDirectFS, ModeWarmDirectFS:
+		if v := variants[mode].v; (v.noMonitor || v.directFS) && s.Shim != local.ShimRunc {
+			return nil, fmt.Errorf("runtime monitoring and directfs are set through the runc shim's runsc wrapper; shim %s has neither", s.Shim)
+		}
 		pool := 0
-		if mode == ModeWarm {
+		if variants[mode].warm {
 			pool = maxC
 		}
-		m, lim, err := newManager(ctx, s, pool, maxC, s.Config.Pool.Preload)
+		m, lim, err := newManager(ctx, s, pool, maxC, s.Config.Pool.Preload, variants[mode].v)
 		if err != nil {
 			return nil, err
 		}
@@ -310,12 +351,12 @@ func newRunner(ctx context.Context, s *boot.Stack, kenv *kubeEnv, mode, rootfs s
 		}
 		return newMCPRunner(ctx, o.Binary, s.Config.StateDir, pool, maxC, ready, nil)
 	default:
-		return nil, fmt.Errorf("unknown mode %q (modes: %s)", mode, strings.Join(AllModes, ", "))
+		return nil, fmt.Errorf("unknown mode %q (modes: %s)", mode, strings.Join(slices.Concat(AllModes, []string{ModeColdNoMonitor, ModeWarmNoMonitor, ModeColdDirectFS, ModeWarmDirectFS}, KubeModes), ", "))
 	}
 }
 
 // newManager starts a sandbox manager of its own on the stack's containerd.
-func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, preload []string) (*local.ContainerdManager, runtime.Limits, error) {
+func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, preload []string, v variant) (*local.ContainerdManager, runtime.Limits, error) {
 	nctx := namespaces.WithNamespace(ctx, s.Config.Containerd.Namespace)
 	img, err := s.Client.GetImage(nctx, s.Config.Image)
 	if err != nil {
@@ -329,6 +370,12 @@ func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, prelo
 	o.Shim = s.Shim
 	o.Concurrency, o.Queue, o.QueueWait = concurrency, concurrency, time.Minute
 	o.PoolSize, o.PoolLimits, o.PoolMaxIdle, o.PoolPreload = pool, lim, time.Hour, preload
+	if v.noMonitor {
+		o.Monitor = false
+	}
+	if v.directFS {
+		o.DirectFS = true
+	}
 	m, err := local.NewContainerd(nctx, o)
 	return m, lim, err
 }
@@ -360,6 +407,7 @@ func calibrate(ctx context.Context, rootfs string) (int, error) {
 func machine(s *boot.Stack) Machine {
 	m := hostMachine()
 	m.Shim, m.Image = s.Shim, s.Config.Image
+	m.Monitor, m.DirectFS = s.Config.Monitor.Enabled, s.Config.Runtime.DirectFS
 	return m
 }
 

@@ -64,3 +64,22 @@ func TestTargetsAndReport(t *testing.T) {
 		t.Fatalf("Write = %v, %v", files, err)
 	}
 }
+
+// Each safety variant that ran is compared with its default at c=1, and a
+// variant that did not run gives no row.
+func TestCosts(t *testing.T) {
+	r := &Report{Machine: Machine{Monitor: true}, Results: []Result{
+		{Mode: ModeWarm, Program: "print", Concurrency: 1, N: 5, P50: 33, CPUPerRun: 400},
+		{Mode: ModeWarmNoMonitor, Program: "print", Concurrency: 1, N: 5, P50: 30, CPUPerRun: 380},
+		{Mode: ModeWarm, Program: "print", Concurrency: 4, N: 5, P50: 90},
+		{Mode: ModeWarmNoMonitor, Program: "print", Concurrency: 4, N: 5, P50: 80},
+		{Mode: ModeCold, Program: "print", Concurrency: 1, N: 5, P50: 300},
+	}}
+	r.Costs = costs(r)
+	if len(r.Costs) != 1 || r.Costs[0].Name != "runtime monitoring, warm" || r.Costs[0].Safe != 33 || r.Costs[0].Fast != 30 {
+		t.Fatalf("costs = %+v", r.Costs)
+	}
+	if md := r.Markdown(); !strings.Contains(md, "| runtime monitoring, warm | print | 33.0 | 30.0 | +10% | 400 | 380 |") {
+		t.Errorf("markdown lacks the cost row:\n%s", md)
+	}
+}

@@ -35,7 +35,7 @@ type Memory struct {
 // measureIdle starts a pool of n warm sandboxes whose worker imported
 // preload, and measures them.
 func measureIdle(ctx context.Context, s *boot.Stack, n int, preload []string) (Memory, error) {
-	m, _, err := newManager(ctx, s, n, 1, preload)
+	m, _, err := newManager(ctx, s, n, 1, preload, variant{})
 	if err != nil {
 		return Memory{}, err
 	}

@@ -79,6 +79,42 @@ func targets(r *Report) []Target {
 	return append(out, tp, mem)
 }
 
+// Cost is what one safe default costs: the same row with the default and
+// with the faster, less safe choice.
+type Cost struct {
+	Name    string `json:"name"`
+	Program string `json:"program"`
+	// Safe and Fast are the p50 latencies in ms, SafeCPU and FastCPU the
+	// CPU per run (refills included).
+	Safe    float64 `json:"safe_p50_ms"`
+	Fast    float64 `json:"fast_p50_ms"`
+	SafeCPU float64 `json:"safe_cpu_ms"`
+	FastCPU float64 `json:"fast_cpu_ms"`
+}
+
+// costs compares each safety variant that ran with its default, at
+// concurrency 1.
+func costs(r *Report) []Cost {
+	pairs := []struct{ name, safe, fast string }{
+		{"runtime monitoring, cold", ModeCold, ModeColdNoMonitor},
+		{"runtime monitoring, warm", ModeWarm, ModeWarmNoMonitor},
+		{"directfs off, cold", ModeCold, ModeColdDirectFS},
+		{"directfs off, warm", ModeWarm, ModeWarmDirectFS},
+	}
+	var out []Cost
+	for _, p := range pairs {
+		for _, x := range r.Results {
+			if x.Mode != p.safe || x.Concurrency != 1 || x.N == 0 {
+				continue
+			}
+			if f := r.find(p.fast, x.Program, 1); f != nil {
+				out = append(out, Cost{Name: p.name, Program: x.Program, Safe: x.P50, Fast: f.P50, SafeCPU: x.CPUPerRun, FastCPU: f.CPUPerRun})
+			}
+		}
+	}
+	return out
+}
+
 // Markdown is the report as tables a README can hold.
 func (r *Report) Markdown() string {
 	var b strings.Builder
@@ -93,6 +129,13 @@ func (r *Report) Markdown() string {
 	for _, m := range r.Memory {
 		fmt.Fprintf(&b, "\nIdle pooled sandboxes preloading %v: %d at once, %.1f MiB PSS each (%.1f MiB RSS): shim %.1f, sentry and stubs %.1f, gofer %.1f; %d host processes.\n",
 			m.Preload, m.Idle, m.PerSandboxPSS, m.PerSandboxRSS, m.ByKind["shim"], m.ByKind["sentry"], m.ByKind["gofer"], m.Processes)
+	}
+	if len(r.Costs) > 0 {
+		fmt.Fprintf(&b, "\nWhat the safe defaults cost (configured: monitor %v, directfs %v), concurrency 1:\n\n", r.Machine.Monitor, r.Machine.DirectFS)
+		b.WriteString("| default | program | p50 ms with | p50 ms without | p50 | CPU ms/run with | without |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |\n")
+		for _, c := range r.Costs {
+			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.0f |\n", c.Name, c.Program, c.Safe, c.Fast, 100*(c.Safe/c.Fast-1), c.SafeCPU, c.FastCPU)
+		}
 	}
 	b.WriteString("\n| target | goal | measured | met |\n| --- | --- | --- | --- |\n")
 	for _, t := range r.Targets {

@@ -33,6 +33,8 @@ func (a *app) benchCmd() *cobra.Command {
 				if kubeconfig != "" {
 					o.Modes = append(o.Modes, bench.KubeModes...)
 				}
+			} else if modes == "safety" {
+				o.Modes = bench.SafetyModes
 			} else {
 				o.Modes = strings.Split(modes, ",")
 			}
@@ -62,7 +64,7 @@ func (a *app) benchCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&modes, "modes", "all", "modes to run: "+strings.Join(append(bench.AllModes, bench.KubeModes...), ","))
+	cmd.Flags().StringVar(&modes, "modes", "all", "modes to run: "+strings.Join(append(bench.AllModes, bench.KubeModes...), ",")+"; or safety: "+strings.Join(bench.SafetyModes, ","))
 	cmd.Flags().StringVar(&kubeconfig, "kubeconfig", "", "a cluster for the Kubernetes modes ("+strings.Join(bench.KubeModes, ",")+"; with --modes all, they run when this is set)")
 	cmd.Flags().StringVar(&programs, "programs", "all", "programs to run: print,numpy,pandas,compute,echo")
 	cmd.Flags().StringVar(&conc, "concurrency", "1,4,16", "concurrency levels")

@@ -45,7 +45,7 @@ func Main(version string) int {
 	_ = a.v.BindPFlag("log.level", root.PersistentFlags().Lookup("log-level"))
 	_ = a.v.BindPFlag("state_dir", root.PersistentFlags().Lookup("state-dir"))
 
-	root.AddCommand(a.serveCmd(), a.runCmd(), a.doctorCmd(), a.imageCmd(), a.gcCmd(), a.approvalsCmd(), a.auditCmd(), a.connectCmd(), a.tokenCmd(), a.benchCmd(), a.guardCmd(), &cobra.Command{
+	root.AddCommand(a.serveCmd(), a.runCmd(), a.doctorCmd(), a.imageCmd(), a.gcCmd(), a.approvalsCmd(), a.auditCmd(), a.connectCmd(), a.tokenCmd(), a.benchCmd(), a.guardCmd(), a.monitorAgentCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print airlock's version",
 		Run:   func(*cobra.Command, []string) { fmt.Println(a.version) },

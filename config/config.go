@@ -335,6 +335,13 @@ type KubernetesConfig struct {
 	// EgressAddress is the host:port networked pods dial for the proxy;
 	// empty: $POD_IP (the downward API) and EgressListen's port.
 	EgressAddress string `mapstructure:"egress_address"`
+	// MonitorAgentPort is the port of `airlock monitor-agent` on every
+	// node (host network): the node side of runtime monitoring, which the
+	// sandbox RuntimeClasses' runsc reports to. 0: no runtime monitoring
+	// on the cluster.
+	MonitorAgentPort int `mapstructure:"monitor_agent_port"`
+	// MonitorAgentTokenFile holds the bearer token the agents require.
+	MonitorAgentTokenFile string `mapstructure:"monitor_agent_token_file"`
 }
 
 // TolerationConfig is one toleration of sandbox pods, as in a pod spec.
@@ -467,6 +474,8 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("kubernetes.qps", d.Kubernetes.QPS)
 	v.SetDefault("kubernetes.burst", d.Kubernetes.Burst)
 	v.SetDefault("kubernetes.network_runtime_class", d.Kubernetes.NetworkRuntimeClass)
+	v.SetDefault("kubernetes.monitor_agent_port", d.Kubernetes.MonitorAgentPort)
+	v.SetDefault("kubernetes.monitor_agent_token_file", d.Kubernetes.MonitorAgentTokenFile)
 	v.SetDefault("kubernetes.egress_listen", d.Kubernetes.EgressListen)
 	v.SetDefault("kubernetes.egress_address", d.Kubernetes.EgressAddress)
 	v.SetDefault("runtime.runsc", d.Runtime.Runsc)
@@ -620,6 +629,10 @@ func (c Config) Validate() error {
 			"kubernetes.burst must be at least 1 and at least kubernetes.qps"},
 		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.NetworkRuntimeClass != "",
 			"networked runs on Kubernetes need kubernetes.network_runtime_class: a RuntimeClass whose gVisor handler keeps a network (runsc network \"sandbox\"), with the sandbox namespace's NetworkPolicies enforced (the README's Kubernetes section); or leave network.allow_domains empty"},
+		{c.Kubernetes.MonitorAgentPort >= 0 && c.Kubernetes.MonitorAgentPort <= 65535,
+			"kubernetes.monitor_agent_port must be a port (1-65535), or 0 for no runtime monitoring on the cluster"},
+		{c.Kubernetes.MonitorAgentPort == 0 || c.Kubernetes.MonitorAgentTokenFile != "",
+			"kubernetes.monitor_agent_port needs kubernetes.monitor_agent_token_file: the file with the agents' bearer token"},
 		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || c.Kubernetes.NetworkRuntimeClass != c.Kubernetes.RuntimeClass,
 			"kubernetes.network_runtime_class must differ from kubernetes.runtime_class: runs without a network keep a handler with none"},
 		{c.Runtime.Backend != BackendKubernetes || !c.NetworkOffered() || validListen(c.Kubernetes.EgressListen),

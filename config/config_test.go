@@ -119,7 +119,9 @@ func TestValidateNamesTheKey(t *testing.T) {
 			c.Network.AllowDomains = []string{"pypi.org"}
 			c.Kubernetes.NetworkRuntimeClass, c.Kubernetes.EgressAddress = "gvisor-net", "airlock-egress.airlock:3128"
 		},
-		"monitor.kill_on": func(c *Config) { c.Monitor.KillOn = []string{"mount", "mounts"} },
+		"monitor.kill_on":                     func(c *Config) { c.Monitor.KillOn = []string{"mount", "mounts"} },
+		"kubernetes.monitor_agent_port":       func(c *Config) { c.Kubernetes.MonitorAgentPort = 70000 },
+		"kubernetes.monitor_agent_token_file": func(c *Config) { c.Kubernetes.MonitorAgentPort = 9477 },
 	}
 	for key, mutate := range cases {
 		t.Run(key, func(t *testing.T) {

@@ -43,6 +43,8 @@ CTRD_SOCK="$RUN/containerd.sock"
 MNTNS="$RUN/mntns"
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 KUBECONFIG_ADMIN="$STATE/admin.conf"
+# Runtime monitoring's socket and trace session config (the agent's).
+MONITOR_DIR="$RUN/monitor"
 
 log() { echo "cluster: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -102,7 +104,7 @@ healthy() {
   pid_alive kube-router || return 1
   kubectl get --raw /readyz >/dev/null 2>&1 || return 1
   [[ "$(kubectl get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]] || return 1
-  kubectl get runtimeclass gvisor gvisor-net >/dev/null 2>&1
+  kubectl get runtimeclass gvisor gvisor-net gvisor-monitor gvisor-net-monitor >/dev/null 2>&1
 }
 
 network_up() {
@@ -188,6 +190,11 @@ containerd_up() {
   # (handler runsc, RuntimeClass gvisor), and runsc with its own network
   # stack on the pod's interface (handler runsc-net, RuntimeClass
   # gvisor-net), for the NetworkPolicy tests and networked sandboxes.
+  # The same two again report to runtime monitoring (handlers
+  # runsc-monitor and runsc-net-monitor, RuntimeClasses gvisor-monitor and
+  # gvisor-net-monitor): their runsc reads the trace session that
+  # `airlock monitor-agent --pod-init-config` writes, and connects to the
+  # agent's socket; with no agent, their pods do not start.
   local net
   for net in none sandbox; do
     cat >"$STATE/runsc-$net.toml" <<EOF
@@ -196,8 +203,18 @@ root = "$RUN/runsc"
 [runsc_config]
   network = "$net"
 EOF
+    cat >"$STATE/runsc-$net-monitor.toml" <<EOF
+binary_name = "/usr/local/bin/runsc"
+root = "$RUN/runsc"
+[runsc_config]
+  network = "$net"
+  pod-init-config = "$MONITOR_DIR/pod-init.json"
+EOF
   done
-  cat >"$STATE/containerd.toml" <<EOF
+  mkdir -p "$MONITOR_DIR"
+  chmod 700 "$MONITOR_DIR"
+  local conf="$STATE/containerd.toml"
+  cat >"$conf.new" <<EOF
 version = 3
 root = "$STATE/containerd"
 state = "$RUN/containerd"
@@ -237,7 +254,23 @@ state = "$RUN/containerd"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-net.options]
         TypeUrl = "io.containerd.runsc.v1.options"
         ConfigPath = "$STATE/runsc-sandbox.toml"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-monitor]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "$BIN/containerd-shim-runsc-v1"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-monitor.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$STATE/runsc-none-monitor.toml"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-net-monitor]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "$BIN/containerd-shim-runsc-v1"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc-net-monitor.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$STATE/runsc-sandbox-monitor.toml"
 EOF
+  # A containerd started with another configuration (an older script's)
+  # is restarted with this one.
+  if [[ -f "$conf" ]] && ! cmp -s "$conf" "$conf.new"; then stop containerd; fi
+  mv "$conf.new" "$conf"
   start containerd --ns /usr/local/bin/containerd --config "$STATE/containerd.toml"
   wait_for "containerd (CRI)" containerd 30 in_ns /usr/local/bin/ctr --address "$CTRD_SOCK" version
 }
@@ -389,6 +422,18 @@ kind: RuntimeClass
 metadata:
   name: gvisor-net
 handler: runsc-net
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: gvisor-monitor
+handler: runsc-monitor
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata:
+  name: gvisor-net-monitor
+handler: runsc-net-monitor
 EOF
 }
 

@@ -91,7 +91,10 @@ type Options struct {
 	Breaker            runtime.BreakerOptions
 	// Net offers networked runs; nil: none.
 	Net *NetOptions
-	Log *slog.Logger
+	// Monitor turns on runtime monitoring through the nodes' agents; nil:
+	// none.
+	Monitor *MonitorOptions
+	Log     *slog.Logger
 }
 
 // Manager runs each request in a pod of its own under gVisor, on a
@@ -203,6 +206,7 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 		files = runtime.ProxyFiles(m.o.Net.URL(), m.o.Net.CABundle)
 	}
 	res, err = exchange.Run(ctx, p, req, files, false)
+	err = p.noteAttempts(&res, err, false)
 	if networked {
 		res.EgressDenied = m.o.Net.Proxy.Denials(req.RunID)
 	}

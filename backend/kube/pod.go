@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -49,6 +50,8 @@ type pod struct {
 	// unregister, while set, lets the pod's address go from this
 	// replica's egress proxy (letGo).
 	unregister atomic.Pointer[func()]
+	// watch is the pod's runtime monitoring (nil: none); see monitor.go.
+	watch *podWatch
 
 	mu         sync.Mutex
 	terminated *corev1.ContainerStateTerminated
@@ -272,6 +275,9 @@ func containerStatus(po *corev1.Pod) *corev1.ContainerStatus {
 // attach frame until it comes.
 func (p *pod) attach(ctx context.Context) error {
 	o := p.m.o
+	if err := p.watchAttempts(ctx); err != nil {
+		return err
+	}
 	req := o.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(o.Namespace).Name(p.name).SubResource("attach").
 		VersionedParams(&corev1.PodAttachOptions{Container: Container, Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ws, err := remotecommand.NewWebSocketExecutor(o.REST, "GET", req.URL().String())
@@ -378,6 +384,10 @@ func (p *pod) Log() *slog.Logger       { return p.log }
 func (p *pod) Stop(kill bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), teardownTimeout)
 	defer cancel()
+	if p.violated() {
+		// Deleted already, by kill_on: its status may be gone with it.
+		return nil
+	}
 	if kill {
 		p.delete(ctx)
 		return nil
@@ -390,6 +400,9 @@ func (p *pod) Stop(kill bool) error {
 
 // ExitStatus is the container's exit code once it has ended.
 func (p *pod) ExitStatus() (int, error) {
+	if p.violated() {
+		return 128 + int(syscall.SIGKILL), nil
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	t, err := p.waitTerminated(ctx, 30*time.Second)
@@ -404,6 +417,9 @@ func (p *pod) ExitStatus() (int, error) {
 // driver reported is judged by the same status, when the sandbox ended
 // with it.
 func (p *pod) OutOfMemory(exit int, d time.Duration) bool {
+	if p.violated() {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), d+5*time.Second)
 	defer cancel()
 	t, err := p.waitTerminated(ctx, d)
@@ -484,6 +500,7 @@ func (p *pod) destroy() {
 
 // detach ends the attach stream and leaves the pod as it is.
 func (p *pod) detach() {
+	p.stopWatching()
 	if p.cancel != nil {
 		p.cancel()
 	}

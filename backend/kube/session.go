@@ -284,6 +284,7 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 		return res, err
 	}
 	res, err = exchange.Run(ctx, ss.p, req, ss.files, true)
+	err = ss.p.noteAttempts(&res, err, true)
 	if ss.egress != nil {
 		res.EgressDenied = ss.m.o.Net.Proxy.TakeDenials(ss.id)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/monitor/agent"
 	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
@@ -80,6 +82,13 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 			return nil, err
 		}
 	}
+	mon, err := monitorOptions(cfg, log)
+	if err != nil {
+		if netOpts != nil {
+			_ = netOpts.Proxy.Close()
+		}
+		return nil, err
+	}
 	l := cfg.Limits
 	m, err := New(ctx, Options{
 		Client: cs, REST: rc, Namespace: k.Namespace, InstanceID: runtime.NewRunID(), Address: cfg.Server.Advertise,
@@ -93,6 +102,7 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 		Concurrency: l.Concurrency, Queue: l.Queue, QueueWait: time.Duration(l.QueueWaitS) * time.Second,
 		Breaker: runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
 		Net:     netOpts,
+		Monitor: mon,
 		Log:     log,
 	})
 	if err != nil && netOpts != nil {
@@ -165,4 +175,27 @@ func tolerations(k config.KubernetesConfig) []corev1.Toleration {
 		tol = append(tol, corev1.Toleration{Key: t.Key, Operator: corev1.TolerationOperator(t.Operator), Value: t.Value, Effect: corev1.TaintEffect(t.Effect)})
 	}
 	return tol
+}
+
+// monitorOptions is runtime monitoring on the cluster: on when monitor is
+// enabled and the nodes run the agent (kubernetes.monitor_agent_port).
+func monitorOptions(cfg config.Config, log *slog.Logger) (*MonitorOptions, error) {
+	k := cfg.Kubernetes
+	if !cfg.Monitor.Enabled {
+		return nil, nil
+	}
+	if k.MonitorAgentPort == 0 {
+		log.Info("kubernetes backend: runtime monitoring is off on the cluster (it needs `airlock monitor-agent` on the nodes and kubernetes.monitor_agent_port; see the README)")
+		return nil, nil
+	}
+	b, err := os.ReadFile(k.MonitorAgentTokenFile)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes.monitor_agent_token_file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if err := agent.TokenOK(token); err != nil {
+		return nil, fmt.Errorf("kubernetes.monitor_agent_token_file %s: %w", k.MonitorAgentTokenFile, err)
+	}
+	declareKinds()
+	return &MonitorOptions{Port: k.MonitorAgentPort, Token: token, KillOn: cfg.Monitor.KillOn}, nil
 }

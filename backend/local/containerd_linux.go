@@ -2,6 +2,8 @@ package local
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -206,6 +208,11 @@ func FIFODir(stateDir, instanceID string) string {
 // WriteRunscWrapper writes the executable the runc shim runs in place of runc:
 // runsc with airlock's global flags. It returns the wrapper's path.
 //
+// The wrapper's name carries a hash of its text, so managers that share a
+// state_dir with different flags (another airlock's directfs, the
+// benchmark's modes) each run their own, and none rewrites a wrapper
+// another is using.
+//
 // A networked wrapper gives runsc its own network stack over the namespace
 // airlock prepared; the other has none at all.
 //
@@ -225,9 +232,9 @@ func WriteRunscWrapper(stateDir, runsc string, flags []string, networked bool, m
 	}
 	// No network stack at all unless the run has an egress policy; the empty
 	// network namespace is a second, independent barrier.
-	mode, name := "--network=none", "runsc-airlock"
+	mode, name := "--network=none", "runsc-airlock-"
 	if networked {
-		mode, name = "--network=sandbox", "runsc-airlock-net"
+		mode, name = "--network=sandbox", "runsc-airlock-net-"
 	}
 	var cmd strings.Builder
 	cmd.WriteString(shellQuote(runsc))
@@ -249,12 +256,17 @@ esac
 `, shellQuote(monitorDir), cmd.String())
 	}
 	b.WriteString("exec " + cmd.String() + " \"$@\"\n")
-	p := filepath.Join(dir, name)
-	tmp := p + ".tmp"
+	sum := sha256.Sum256([]byte(b.String()))
+	p := filepath.Join(dir, name+hex.EncodeToString(sum[:6]))
+	if cur, err := os.ReadFile(p); err == nil && string(cur) == b.String() {
+		return p, nil
+	}
+	tmp := fmt.Sprintf("%s.tmp-%d", p, os.Getpid())
 	if err := os.WriteFile(tmp, []byte(b.String()), 0o755); err != nil {
 		return "", fmt.Errorf("write runsc wrapper: %w", err)
 	}
 	if err := os.Rename(tmp, p); err != nil {
+		_ = os.Remove(tmp)
 		return "", fmt.Errorf("install runsc wrapper: %w", err)
 	}
 	return p, nil

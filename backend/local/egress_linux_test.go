@@ -247,6 +247,8 @@ func TestEgressAllowList(t *testing.T) {
 		{"python urllib http", runtime.Python, "import urllib.request\nprint(urllib.request.urlopen('http://allowed.test/hello.txt', timeout=10).read().decode())", "hello from the test internet", "", ""},
 		{"python urllib https", runtime.Python, "import urllib.request\nprint(urllib.request.urlopen('https://allowed.test/hello.txt', timeout=10).read().decode())", "hello from the test internet", "", ""},
 		{"curl https", runtime.Shell, "curl -sS --max-time 10 https://allowed.test/hello.txt", "hello from the test internet", "", ""},
+		// pip install is in the monitor's benign table: it must give no attempts.
+		{"pip install", runtime.Shell, "python3 -m pip install -q --no-deps --index-url https://allowed.test/simple --target /workspace/site tinypkg && PYTHONPATH=/workspace/site python3 -c 'import tinypkg; print(\"tinypkg\", tinypkg.VERSION)'", "tinypkg 1.0", "", ""},
 		{"pip download", runtime.Shell, "python3 -m pip download --no-deps --index-url https://allowed.test/simple -d /workspace/dl tinypkg >/dev/null && ls /workspace/dl", "tinypkg-1.0-py3-none-any.whl", "", ""},
 		{"wildcard", runtime.Shell, "curl -sS --max-time 10 http://a.wild.test/hello.txt", "hello from the test internet", "", ""},
 		{"name not on the list", runtime.Shell, "curl -sS --max-time 10 http://other.test/hello.txt; echo rc=$?", "rc=", "other.test", egress.ReasonNotAllowed},
@@ -265,11 +267,24 @@ func TestEgressAllowList(t *testing.T) {
 			if c.denied != "" && !hasDenial(r, c.denied, c.reason) {
 				t.Errorf("egress_denied = %+v, want %s: %s", r.EgressDenied, c.denied, c.reason)
 			}
-			if c.denied == "" && c.name != "ignoring the proxy fails closed" && len(r.EgressDenied) > 0 {
-				t.Errorf("unexpected denials %+v", r.EgressDenied)
+			if c.denied == "" && c.name != "ignoring the proxy fails closed" {
+				if len(r.EgressDenied) > 0 {
+					t.Errorf("unexpected denials %+v", r.EgressDenied)
+				}
+				// Allowed traffic is ordinary: gVisor's monitor saw nothing.
+				if len(r.Attempts) > 0 {
+					t.Errorf("an allowed download gave attempts %+v", r.Attempts)
+				}
 			}
-			if c.name == "ignoring the proxy fails closed" && strings.Contains(out, "hello from") {
-				t.Errorf("direct connection to the test host succeeded: %q", out)
+			if c.name == "ignoring the proxy fails closed" {
+				if strings.Contains(out, "hello from") {
+					t.Errorf("direct connection to the test host succeeded: %q", out)
+				}
+				// The monitor is on in this stack (so the zero attempts of
+				// the allowed rows mean something): it saw the refused connect.
+				if len(r.Attempts) != 1 || r.Attempts[0].Kind != "connect_blocked" {
+					t.Errorf("attempts %+v, want the blocked connect", r.Attempts)
+				}
 			}
 		})
 	}

@@ -50,3 +50,31 @@ func TestRunscWrapperFlags(t *testing.T) {
 		}
 	}
 }
+
+// Wrappers with different flags are different files, so managers sharing a
+// state_dir never rewrite each other's; the same flags give the same file.
+func TestRunscWrapperPerFlags(t *testing.T) {
+	state := t.TempDir()
+	w := func(flags ...string) string {
+		t.Helper()
+		p, err := WriteRunscWrapper(state, "/usr/local/bin/runsc", flags, false, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	off, on := w("--directfs=false"), w("--directfs=true")
+	if off == on {
+		t.Fatalf("both flag sets share %s", off)
+	}
+	if again := w("--directfs=false"); again != off {
+		t.Errorf("same flags, new wrapper %s (was %s)", again, off)
+	}
+	b, err := os.ReadFile(off)
+	if err != nil || !strings.Contains(string(b), "--directfs=false") {
+		t.Errorf("%s lost its flags: %q %v", off, b, err)
+	}
+	if net, err := WriteRunscWrapper(state, "/usr/local/bin/runsc", []string{"--directfs=false"}, true, ""); err != nil || net == off {
+		t.Errorf("networked wrapper %s, err %v", net, err)
+	}
+}

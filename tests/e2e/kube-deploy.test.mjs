@@ -25,6 +25,7 @@ const execFileP = promisify(execFile);
 // The base's names: this suite owns them on the test cluster.
 const NS = 'airlock';
 const SANDBOX_NS = 'airlock-sandboxes';
+const MONITOR_NS = 'airlock-monitor';
 const PORT = 8765;
 const CONSOLE_PORT = 8766;
 // The node's address (cluster.sh) and the port the overlay's networked runs
@@ -42,7 +43,7 @@ const MODERN_META = {
 
 /** Removes what an earlier run of this suite may have left (never the RuntimeClass: other suites use it). */
 async function removeDeployment() {
-  await kubectl('delete', 'namespace', NS, SANDBOX_NS, '--ignore-not-found', '--wait=true');
+  await kubectl('delete', 'namespace', NS, SANDBOX_NS, MONITOR_NS, '--ignore-not-found', '--wait=true');
   await kubectl('delete', 'clusterrolebinding,clusterrole', 'airlock-read', '--ignore-not-found');
 }
 
@@ -161,8 +162,15 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     await kubectl('create', 'namespace', NS);
     await kubectl('-n', NS, 'create', 'secret', 'generic', 'airlock-secrets', `--from-file=client.tokens=${tokens}`,
       `--from-file=session.key=${path.join(dir, 'session.key')}`, `--from-file=approver.tokens=${approverTokens}`);
+    // The node monitor agents' token, as the README says: in their
+    // namespace and in airlock's.
+    const monitorToken = path.join(dir, 'monitor.token');
+    await writeFile(monitorToken, randomBytes(32).toString('hex'), { mode: 0o600 });
+    await kubectl('create', 'namespace', MONITOR_NS);
+    for (const ns of [MONITOR_NS, NS]) await kubectl('-n', ns, 'create', 'secret', 'generic', 'airlock-monitor', `--from-file=monitor.token=${monitorToken}`);
     await kubectl('apply', '-k', path.join(E2E_DIR, 'kube-deploy'));
     await kubectl('-n', NS, 'rollout', 'status', 'deployment/airlock', '--timeout=180s');
+    await kubectl('-n', MONITOR_NS, 'rollout', 'status', 'daemonset/airlock-monitor-agent', '--timeout=180s');
     serviceIP = (await kubectl('-n', NS, 'get', 'service', 'airlock', '-o', 'jsonpath={.spec.clusterIP}')).trim();
     // The two replicas of the rollout, ready, none of them leaving.
     const ready = await waitFor(async () => {
@@ -197,6 +205,27 @@ describe('airlock deployed with kubectl apply -k, two replicas behind a Service'
     const logged = new Set((await Promise.all((await replicas()).map((p) => auditLog(p.name)))).flat().map((r) => r.id));
     const missing = results.map((r) => r.sc.run_id).filter((id) => !logged.has(id));
     assert.deepEqual(missing, [], 'runs without an audit record on stdout');
+  });
+
+  test('runtime monitoring through the node\'s agent: an attempt is named in the result, the audit record and the metric; benign code names none', async () => {
+    const c = await client(serviceIP, 'deploy-monitor');
+    const hostile = await callWith(c, 'run_python', {
+      code: 'import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.syscall(165, b"none", b"/tmp", b"tmpfs", 0, None))',
+    }, { timeout: 300_000 });
+    const benign = await callWith(c, 'run_python', { code: 'import subprocess\nprint(subprocess.run(["echo", "hi"], capture_output=True).stdout)' }, { timeout: 300_000 });
+    await c.close();
+    assert.equal(hostile.isError, false, hostile.text);
+    assert.ok(hostile.sc.attempts?.some((a) => a.kind === 'mount' && a.syscall === 'mount'), `attempts ${JSON.stringify(hostile.sc.attempts)}`);
+    assert.match(hostile.text, /gVisor saw the code try: .*mount/);
+    assert.equal(benign.isError, false, benign.text);
+    assert.equal(benign.sc.attempts, undefined, `benign attempts ${JSON.stringify(benign.sc.attempts)}`);
+    // The record of the call, on whichever replica ran it, and that
+    // replica's counter.
+    const records = (await Promise.all((await replicas()).map((p) => auditLog(p.name)))).flat();
+    const rec = records.find((r) => r.id === hostile.sc.run_id);
+    assert.ok(rec?.attempts?.some((a) => a.includes('mount')), `audit record ${JSON.stringify(rec)}`);
+    const mounts = (await Promise.all(podIPs.map(metrics))).reduce((n, m) => n + (m.get('airlock_sandbox_escape_attempts_total{kind="mount"}') ?? 0), 0);
+    assert.ok(mounts >= 1, `mount attempts counted by the replicas: ${mounts}`);
   });
 
   test('a session opened through one replica is used through the other', async () => {
