@@ -199,6 +199,7 @@ func measure(ctx context.Context, r Runner, mode string, p Program, c, iteration
 	res := Result{Mode: mode, Program: p.Name, Concurrency: c}
 	var mu sync.Mutex
 	var lat []time.Duration
+	steps := map[string][]float64{}
 	warm := 0
 	record := func(s Sample, err error) {
 		mu.Lock()
@@ -211,6 +212,9 @@ func measure(ctx context.Context, r Runner, mode string, p Program, c, iteration
 			return
 		}
 		lat = append(lat, s.Latency)
+		for k, v := range s.Steps {
+			steps[k] = append(steps[k], v)
+		}
 		if s.Warm {
 			warm++
 		}
@@ -231,6 +235,7 @@ func measure(ctx context.Context, r Runner, mode string, p Program, c, iteration
 		wg.Wait()
 	}
 	summarize(&res, lat)
+	summarizeSteps(&res, steps)
 	if len(lat) > 0 {
 		res.WarmFraction = float64(warm) / float64(len(lat))
 	}

@@ -83,3 +83,24 @@ func TestCosts(t *testing.T) {
 		t.Errorf("markdown lacks the cost row:\n%s", md)
 	}
 }
+
+// The steps table lists each mode's steps in path order, then the rest by
+// name, and the whole call.
+func TestStepsMarkdown(t *testing.T) {
+	r := &Report{Results: []Result{
+		{Mode: ModeWarm, Program: "print", Concurrency: 1, N: 3, P50: 18, Steps: map[string]float64{"exchange": 15, "admission": 0.01, "zzz": 1}},
+		{Mode: ModeWarm, Program: "compute", Concurrency: 1, N: 3, P50: 200, Steps: map[string]float64{"exchange": 190}},
+	}}
+	md := r.stepsMarkdown()
+	for _, want := range []string{"| step | gvisor-warm |", "| admission | 0.01 |", "| exchange | 15.00 |", "| zzz | 1.00 |", "| **the whole call** | 18.00 |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("steps table lacks %q:\n%s", want, md)
+		}
+	}
+	if strings.Index(md, "admission") > strings.Index(md, "exchange") || strings.Index(md, "exchange") > strings.Index(md, "zzz") {
+		t.Errorf("steps out of order:\n%s", md)
+	}
+	if (&Report{}).stepsMarkdown() != "" {
+		t.Error("a report without steps has a steps table")
+	}
+}

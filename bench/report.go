@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -115,6 +116,70 @@ func costs(r *Report) []Cost {
 	return out
 }
 
+// stepOrder is the order of a run's steps on its path; others follow by
+// name.
+var stepOrder = []string{"admission", "acquired_sandbox", "exchange", "frame_sent",
+	"driver.arrived", "driver.placed", "driver.started", "driver.go_sent", "driver.first_output", "driver.reported", "driver.exited",
+	"driver.drained", "driver.collected", "driver.answered", "exit_frame", "attempts"}
+
+// stepsMarkdown is where a print(1) run's time goes, by mode, at
+// concurrency 1: empty when no mode reported its steps.
+func (r *Report) stepsMarkdown() string {
+	var rows []*Result
+	keys := map[string]bool{}
+	for i := range r.Results {
+		x := &r.Results[i]
+		if x.Program == "print" && x.Concurrency == 1 && len(x.Steps) > 0 {
+			rows = append(rows, x)
+			for k := range x.Steps {
+				keys[k] = true
+			}
+		}
+	}
+	if len(rows) == 0 {
+		return ""
+	}
+	order := slices.Clone(stepOrder)
+	var rest []string
+	for k := range keys {
+		if !slices.Contains(stepOrder, k) {
+			rest = append(rest, k)
+		}
+	}
+	slices.Sort(rest)
+	order = append(order, rest...)
+	var b strings.Builder
+	b.WriteString("\nWhere a `print(1)` run's time goes (p50 ms, concurrency 1; manager steps are durations; `frame_sent`, `driver.*` and `exit_frame` are times since the work was sent, the driver's read on the sandbox's clock, which is the host's):\n\n| step |")
+	for _, x := range rows {
+		b.WriteString(" " + x.Mode + " |")
+	}
+	b.WriteString("\n| --- |" + strings.Repeat(" ---: |", len(rows)) + "\n")
+	for _, k := range order {
+		if !keys[k] {
+			continue
+		}
+		b.WriteString("| " + k + " |")
+		for _, x := range rows {
+			if v, ok := x.Steps[k]; ok {
+				fmt.Fprintf(&b, " %.2f", v)
+				if n := x.StepsSeen[k]; n > 0 && n < x.N {
+					fmt.Fprintf(&b, " (%d of %d runs)", n, x.N)
+				}
+				b.WriteString(" |")
+			} else {
+				b.WriteString(" |")
+			}
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("| **the whole call** |")
+	for _, x := range rows {
+		fmt.Fprintf(&b, " %.2f |", x.P50)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
 // Markdown is the report as tables a README can hold.
 func (r *Report) Markdown() string {
 	var b strings.Builder
@@ -137,6 +202,7 @@ func (r *Report) Markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.0f |\n", c.Name, c.Program, c.Safe, c.Fast, 100*(c.Safe/c.Fast-1), c.SafeCPU, c.FastCPU)
 		}
 	}
+	b.WriteString(r.stepsMarkdown())
 	b.WriteString("\n| target | goal | measured | met |\n| --- | --- | --- | --- |\n")
 	for _, t := range r.Targets {
 		met := "no"

@@ -41,6 +41,9 @@ type Runner interface {
 type Sample struct {
 	Latency time.Duration
 	Warm    bool
+	// Steps are the run's own timings (runtime.Result.Timings), where the
+	// runner can see them.
+	Steps map[string]float64
 }
 
 // checkOutput fails a run whose output is not what the program prints.
@@ -110,12 +113,12 @@ type manager struct {
 
 func (r *manager) Run(ctx context.Context, p Program) (Sample, error) {
 	start := time.Now()
-	res, err := r.m.Run(ctx, runtime.Request{Language: runtime.Language(p.Lang), Code: p.Code, Limits: r.limits})
+	res, err := r.m.Run(ctx, runtime.Request{Language: runtime.Language(p.Lang), Code: p.Code, Limits: r.limits, Trace: true})
 	lat := time.Since(start)
 	if err != nil {
 		return Sample{}, err
 	}
-	return Sample{Latency: lat, Warm: res.Warm}, checkOutput(p, res.Stdout, res.ExitCode)
+	return Sample{Latency: lat, Warm: res.Warm, Steps: res.Timings}, checkOutput(p, res.Stdout, res.ExitCode)
 }
 
 func (r *manager) Ready(ctx context.Context, n int) error { return r.ready(ctx, n) }

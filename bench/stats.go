@@ -34,6 +34,24 @@ type Result struct {
 	// Efficiency is Throughput over the CPU-bound limit (cores ÷ CPU per
 	// run): how close the parallelism comes to what the CPU allows.
 	Efficiency float64 `json:"efficiency"`
+	// Steps are the p50 of each step of the runs' path (runtime
+	// Result.Timings: durations of the manager's steps, the driver's as
+	// times since it got the work), where the mode reports them.
+	Steps map[string]float64 `json:"steps_p50_ms,omitempty"`
+	// StepsSeen is in how many of the N runs each step was reported.
+	StepsSeen map[string]int `json:"steps_seen,omitempty"`
+}
+
+// summarizeSteps sets r.Steps to the median of each step over the runs.
+func summarizeSteps(r *Result, steps map[string][]float64) {
+	if len(steps) == 0 {
+		return
+	}
+	r.Steps, r.StepsSeen = map[string]float64{}, map[string]int{}
+	for k, v := range steps {
+		sort.Float64s(v)
+		r.Steps[k], r.StepsSeen[k] = v[(len(v)-1)/2], len(v)
+	}
 }
 
 // summarize fills the latency fields of r from samples.

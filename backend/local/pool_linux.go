@@ -96,10 +96,20 @@ func (p *Pool) take(ctx context.Context, networked bool, runID string) *sandbox 
 		}
 		p.setCPUShares(e.s.id, cpuSharesNormal)
 		e.s.takenBy(runID)
-		// The run is known by its own id, whatever the sandbox was made as.
-		if _, err := e.s.container.SetLabels(namespaces.WithNamespace(ctx, p.m.o.Namespace), map[string]string{LabelRun: runID, LabelPool: "taken"}); err != nil {
-			p.m.o.Log.Warn("label pooled sandbox", "sandbox", e.s.id, "err", err)
-		}
+		// The run is known by its own id, whatever the sandbox was made
+		// as. The labels are for sweeps and operators, not for the run:
+		// they are written beside it (a containerd write is a database
+		// commit, about 1.7 ms), and the teardown waits for them.
+		labelled := make(chan struct{})
+		go func() {
+			defer close(labelled)
+			lctx, cancel := context.WithTimeout(namespaces.WithNamespace(context.WithoutCancel(ctx), p.m.o.Namespace), cleanupTimeout)
+			defer cancel()
+			if _, err := e.s.container.SetLabels(lctx, map[string]string{LabelRun: runID, LabelPool: "taken"}); err != nil {
+				p.m.o.Log.Warn("label pooled sandbox", "sandbox", e.s.id, "err", err)
+			}
+		}()
+		e.s.onDestroy(func(context.Context) { <-labelled })
 		return e.s
 	}
 }

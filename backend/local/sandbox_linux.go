@@ -363,6 +363,7 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
 		return res, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
 	}
+	called := time.Now()
 	release, err := m.admission.Acquire(ctx)
 	if err != nil {
 		return res, err
@@ -392,11 +393,17 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	if warm && s.attempts != nil {
 		s.attempts.Take() // the warm-up's, not the run's
 	}
+	exchanged := time.Now()
 	res, err = s.run(ctx, req, files, false)
+	noted := time.Now()
 	err = m.noteAttempts(s, &res, err, false)
 	res.Warm = warm
 	if res.Timings != nil {
-		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
+		// The steps of the call's path, each as long as it took (Trace).
+		res.Timings["admission"] = ms(start.Sub(called))
+		res.Timings["acquired_sandbox"] = ms(startRun.Sub(start))
+		res.Timings["exchange"] = ms(noted.Sub(exchanged))
+		res.Timings["attempts"] = ms(time.Since(noted))
 		if !warm {
 			for k, v := range s.steps {
 				res.Timings["create."+k] = v
@@ -451,3 +458,6 @@ func (m *ContainerdManager) waitOOM(id string, d time.Duration) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// ms is d in milliseconds, as Result.Timings holds it.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -285,6 +285,28 @@ func TestHelloOnAttachAndLimits(t *testing.T) {
 	})
 }
 
+// A traced run's steps come in the order of its path, after the work's
+// arrival, whose wall-clock time is what puts them on the host's timeline.
+func TestTraceSteps(t *testing.T) {
+	p := startDriver(t)
+	before := float64(time.Now().UnixMicro()) / 1000
+	p.send(FrameWork, Work{Lang: "python", Code: "print(1)", Trace: true})
+	r := p.collect()
+	after := float64(time.Now().UnixMicro()) / 1000
+	tm := r.exit.Timings
+	if at := tm[ArrivedAt]; at < before || at > after {
+		t.Fatalf("arrived at %.3f, want between %.3f and %.3f (timings %v)", at, before, after, tm)
+	}
+	last := 0.0
+	for _, step := range []string{"placed", "started", "go_sent", "first_output", "reported", "answered"} {
+		v, ok := tm[step]
+		if !ok || v < last {
+			t.Fatalf("step %s = %v (present %v), want it after %.3f: %v", step, v, ok, last, tm)
+		}
+		last = v
+	}
+}
+
 func TestTracebackNamesTheUsersLines(t *testing.T) {
 	p := startDriver(t)
 	p.send(FrameWork, Work{Lang: "python", Code: "a = 1\n\ndef f():\n    raise ValueError('boom')\n\nf()\n"})

@@ -187,7 +187,7 @@ type Exit struct {
 	// Error is set when the driver could not start the code at all.
 	Error string `json:"error,omitempty"`
 	// Timings are milliseconds from the work's arrival to each step, when
-	// Work.Trace asked for them.
+	// Work.Trace asked for them, and the arrival itself under ArrivedAt.
 	Timings map[string]float64 `json:"timings,omitempty"`
 	// Interrupted says the work was stopped by FrameInterrupt.
 	Interrupted bool `json:"interrupted,omitempty"`
@@ -319,3 +319,8 @@ func (r *Rich) Clamp(caps RichCaps) *Rich {
 	}
 	return r
 }
+
+// ArrivedAt is the Exit.Timings key of the work's arrival at the driver,
+// in milliseconds since the Unix epoch: the host puts the driver's steps
+// on its own timeline with it (the sandbox's clock is the host's).
+const ArrivedAt = "arrived_at"

@@ -61,9 +61,11 @@ func Run(ctx context.Context, sb Sandbox, req runtime.Request, files map[string]
 	stdout := runtime.NewCappedBuffer(req.Limits.StdoutBytes, runtime.OutputTap(req.Output, runtime.Stdout))
 	stderr := runtime.NewCappedBuffer(req.Limits.StderrBytes, runtime.OutputTap(req.Output, runtime.Stderr))
 	start := time.Now()
+	sent := make(chan time.Duration, 1)
 	go func() {
 		// Fails only when the sandbox is gone, which the loop sees too.
 		_ = st.Send(driver.FrameWork, payload)
+		sent <- time.Since(start)
 	}()
 	timer := time.NewTimer(req.Limits.Timeout)
 	defer timer.Stop()
@@ -160,8 +162,22 @@ loop:
 	}
 	if req.Trace && exit != nil {
 		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
+		select {
+		case d := <-sent:
+			res.Timings["frame_sent"] = float64(d.Microseconds()) / 1000
+		default:
+		}
+		// The driver's steps, from its own start, on the call's timeline.
+		arrived := exit.Timings[driver.ArrivedAt] - float64(start.UnixMicro())/1000
+		if _, ok := exit.Timings[driver.ArrivedAt]; ok {
+			res.Timings["driver.arrived"] = arrived
+		} else {
+			arrived = 0
+		}
 		for k, v := range exit.Timings {
-			res.Timings["driver."+k] = v
+			if k != driver.ArrivedAt {
+				res.Timings["driver."+k] = arrived + v
+			}
 		}
 	}
 	if exit == nil {
