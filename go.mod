@@ -10,6 +10,7 @@ require (
 	github.com/containerd/platforms v1.0.0-rc.5
 	github.com/containerd/typeurl/v2 v2.3.0
 	github.com/google/go-containerregistry v0.22.1
+	github.com/google/jsonschema-go v0.4.2
 	github.com/google/nftables v0.3.0
 	github.com/mark3labs/mcp-go v1.2.1
 	github.com/opencontainers/image-spec v1.1.1
@@ -23,6 +24,7 @@ require (
 	golang.org/x/net v0.59.0
 	golang.org/x/sys v0.50.0
 	google.golang.org/grpc v1.83.2
+	google.golang.org/protobuf v1.36.12
 	gvisor.dev/gvisor v0.0.0-20260905035102-160fafc42237
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -70,7 +72,6 @@ require (
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
-	github.com/google/jsonschema-go v0.4.2 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
@@ -121,7 +122,6 @@ require (
 	golang.org/x/text v0.44.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260825221802-da73d73af1c5 // indirect
-	google.golang.org/protobuf v1.36.12 // indirect
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect

@@ -68,7 +68,7 @@ func (h *Handlers) registerFileTools(s *server.MCPServer) {
 		mcp.WithString("content", mcp.Required(), mcp.Description("The file's content, in the given encoding.")),
 		mcp.WithString("encoding", mcp.Enum(EncodingUTF8, EncodingBase64), mcp.Description("utf-8 (default) or base64.")),
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[WriteFileOutput](),
+		outputSchema[WriteFileOutput](),
 		mcp.WithReadOnlyHintAnnotation(false), mcp.WithDestructiveHintAnnotation(true),
 		mcp.WithIdempotentHintAnnotation(true), mcp.WithOpenWorldHintAnnotation(false),
 	}
@@ -79,7 +79,7 @@ func (h *Handlers) registerFileTools(s *server.MCPServer) {
 		mcp.WithString("path", mcp.Required(), mcp.Description(pathDesc), mcp.MinLength(1), mcp.MaxLength(driver.MaxPathBytes)),
 		mcp.WithInteger("max_bytes", mcp.Description("Return at most this many bytes from the start of the file."), mcp.Min(1), mcp.Max(float64(h.maxFileBytes()))),
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[ReadFileOutput](),
+		outputSchema[ReadFileOutput](),
 		mcp.WithReadOnlyHintAnnotation(true), mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(true), mcp.WithOpenWorldHintAnnotation(false),
 	), h.safe("read_file", h.readFile))
@@ -88,7 +88,7 @@ func (h *Handlers) registerFileTools(s *server.MCPServer) {
 		mcp.WithString("session_id", mcp.Required()),
 		mcp.WithString("path", mcp.Description("Directory relative to /workspace; empty or omitted for /workspace itself."), mcp.MaxLength(driver.MaxPathBytes)),
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[ListFilesOutput](),
+		outputSchema[ListFilesOutput](),
 		mcp.WithReadOnlyHintAnnotation(true), mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(true), mcp.WithOpenWorldHintAnnotation(false),
 	), h.safe("list_files", h.listFiles))
@@ -233,7 +233,7 @@ func (h *Handlers) writeFile(ctx context.Context, req mcp.CallToolRequest) (*mcp
 	}
 	c.rec.Outcome = approval.OutcomeRan
 	out := WriteFileOutput{Path: p, Size: fr.Size}
-	return c.finish(mcp.NewToolResultStructured(out, fmt.Sprintf("Wrote %d bytes to /workspace/%s.", fr.Size, p))), nil
+	return c.finish(structured(out, fmt.Sprintf("Wrote %d bytes to /workspace/%s.", fr.Size, p))), nil
 }
 
 func (h *Handlers) readFile(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -272,7 +272,7 @@ func (h *Handlers) readFile(ctx context.Context, req mcp.CallToolRequest) (*mcp.
 	if out.Encoding == EncodingBase64 {
 		head += ", binary, as base64"
 	}
-	return mcp.NewToolResultStructured(out, head+"\n"+out.Content), nil
+	return structured(out, head+"\n"+out.Content), nil
 }
 
 func (h *Handlers) listFiles(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -302,5 +302,5 @@ func (h *Handlers) listFiles(ctx context.Context, req mcp.CallToolRequest) (*mcp
 	if fr.Truncated {
 		b.WriteString("(more entries not listed)\n")
 	}
-	return mcp.NewToolResultStructured(out, b.String()), nil
+	return structured(out, b.String()), nil
 }

@@ -206,7 +206,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 	}
 	return mcp.NewTool(name, append(opts,
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[RunOutput](),
+		outputSchema[RunOutput](),
 		mcp.WithTitleAnnotation(title),
 		// The code may do anything inside its sandbox, but the sandbox is
 		// thrown away: nothing outside it is changed or read.
@@ -257,7 +257,7 @@ func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToo
 		}
 	}
 	out := ToOutput(r)
-	res := mcp.NewToolResultStructured(out, RenderText(out))
+	res := structured(out, RenderText(out))
 	res.IsError = r.Failed()
 	res.Content = append(res.Content, richContent(r.Rich)...)
 	return res

@@ -179,7 +179,7 @@ func (h *Handlers) registerRunTools(s *server.MCPServer) {
 	s.AddTool(mcp.NewTool("list_runs",
 		mcp.WithDescription("List this client's runs: those in flight (waiting or running) and the last 20 finished. Other clients' runs are never shown."),
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[ListRunsOutput](),
+		outputSchema[ListRunsOutput](),
 		mcp.WithReadOnlyHintAnnotation(true),
 		mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(true),
@@ -197,7 +197,7 @@ func (h *Handlers) registerRunTools(s *server.MCPServer) {
 			}
 			text += "\n"
 		}
-		return mcp.NewToolResultStructured(out, text), nil
+		return structured(out, text), nil
 	})
 	s.AddTool(mcp.NewTool("cancel_run",
 		mcp.WithDescription("Cancel one of this client's runs in flight, by the run_id its progress notifications and list_runs show. Its sandbox is killed."),

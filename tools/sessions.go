@@ -218,7 +218,7 @@ func (h *Handlers) registerSessionTools(s *server.MCPServer) {
 		mcp.WithInteger("timeout_idle_s", mcp.Description(fmt.Sprintf("End the session after this many seconds without a call (at most %d).", int(h.Sessions.IdleTimeout/time.Second))),
 			mcp.Min(1), mcp.Max(h.Sessions.IdleTimeout.Seconds())),
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[SessionInfo](),
+		outputSchema[SessionInfo](),
 		mcp.WithReadOnlyHintAnnotation(false), mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(false), mcp.WithOpenWorldHintAnnotation(h.Egress != nil),
 	}
@@ -238,7 +238,7 @@ func (h *Handlers) registerSessionTools(s *server.MCPServer) {
 	s.AddTool(mcp.NewTool("session_list",
 		mcp.WithDescription("List this client's sessions. Other clients' sessions are never shown."),
 		mcp.WithSchemaAdditionalProperties(false),
-		mcp.WithOutputSchema[SessionList](),
+		outputSchema[SessionList](),
 		mcp.WithReadOnlyHintAnnotation(true), mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(true), mcp.WithOpenWorldHintAnnotation(false),
 	), h.safe("session_list", h.sessionList))
@@ -344,7 +344,7 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 	h.sessions.mu.Unlock()
 	h.Log.Info("session started", "session", id, "client", caller.ID, "network", e.network, "idle", idle)
 	info := h.sessionInfo(e)
-	return mcp.NewToolResultStructured(info, fmt.Sprintf("Session %s started (network %s). Pass \"session_id\": %q to run_python, run_shell and the file tools. It ends after %d s without a call, at %s at the latest, or with session_close.",
+	return structured(info, fmt.Sprintf("Session %s started (network %s). Pass \"session_id\": %q to run_python, run_shell and the file tools. It ends after %d s without a call, at %s at the latest, or with session_close.",
 		id, e.network, id, info.IdleTimeoutS, info.ExpiresAt.Format(time.RFC3339))), nil
 }
 
@@ -401,7 +401,7 @@ func (h *Handlers) sessionList(ctx context.Context, req mcp.CallToolRequest) (*m
 	for _, s := range out.Sessions {
 		text += fmt.Sprintf("%s network=%s calls=%d last used %s\n", s.SessionID, s.Network, s.Calls, s.LastUsed.Format(time.RFC3339))
 	}
-	return mcp.NewToolResultStructured(out, text), nil
+	return structured(out, text), nil
 }
 
 // noSession says a session id is not the caller's: one that ended, one
