@@ -43,7 +43,7 @@ func TestTargetsAndReport(t *testing.T) {
 		{Mode: ModeWarm, Program: "print", Concurrency: 4, N: 5, P50: 30, Throughput: 3, CPUPerRun: 600, Efficiency: 0.9},
 	}, Memory: []Memory{{Preload: []string{"numpy"}, Idle: 8, PerSandboxPSS: 50, ByKind: map[string]float64{}}}}
 	ts := targets(r)
-	want := map[string]bool{"warm end to end vs native": true, "pandas vs print, warm": false, "throughput at concurrency 4": true, "idle pooled sandbox memory": false}
+	want := map[string]bool{"warm end to end vs native": true, "warm call before a local Python": false, "pandas vs print, warm": false, "throughput at concurrency 4": true, "idle pooled sandbox memory": false}
 	for _, tg := range ts {
 		if w, ok := want[tg.Name]; ok && tg.Met != w {
 			t.Errorf("%s met = %v, want %v (%s)", tg.Name, tg.Met, w, tg.Measured)
@@ -62,6 +62,15 @@ func TestTargetsAndReport(t *testing.T) {
 	files, err := r.Write(t.TempDir(), "x")
 	if err != nil || len(files) != 3 || filepath.Ext(files[2]) != ".png" {
 		t.Fatalf("Write = %v, %v", files, err)
+	}
+	fast := &Report{Results: []Result{
+		{Mode: ModeMCPWarm, Program: "print", Concurrency: 1, N: 5, P50: 4},
+		{Mode: ModeNative, Program: "print", Concurrency: 1, N: 5, P50: 10},
+	}}
+	for _, tg := range targets(fast) {
+		if tg.Name == "warm call before a local Python" && !tg.Met {
+			t.Errorf("4 ms through MCP vs 10 ms native: %s not met (%s)", tg.Name, tg.Measured)
+		}
 	}
 }
 

@@ -46,6 +46,10 @@ func targets(r *Report) []Target {
 	out := []Target{
 		ratio("warm end to end vs native", "warm pool through MCP, print(1) p50 ≤ 3× native", 3,
 			r.find(ModeMCPWarm, "print", 1), r.find(ModeNative, "print", 1), "mcp-warm ÷ native, print, c=1"),
+		// Issue 19's bar: a warm call returns before a local Python would
+		// have started.
+		ratio("warm call before a local Python", "warm pool through MCP, print(1) p50 ≤ 0.5× native", 0.5,
+			r.find(ModeMCPWarm, "print", 1), r.find(ModeNative, "print", 1), "mcp-warm ÷ native, print, c=1"),
 		ratio("pandas vs print, warm", "warm pool, pandas + small DataFrame op p50 ≤ 1.5× warm print(1)", 1.5,
 			r.find(ModeWarm, "pandas", 1), r.find(ModeWarm, "print", 1), "gvisor-warm pandas ÷ print, c=1"),
 		ratio("cold gVisor vs runc", "cold gVisor p50 ≤ 1.5× runc cold", 1.5,
