@@ -113,3 +113,30 @@ func TestStepsMarkdown(t *testing.T) {
 		t.Error("a report without steps has a steps table")
 	}
 }
+
+// The server's "call steps" lines are found among its other log lines,
+// whatever the write boundaries, and a run's steps are waited for.
+func TestCallSteps(t *testing.T) {
+	c := newCallSteps()
+	lines := `{"time":"x","level":"INFO","msg":"started"}
+{"time":"x","level":"DEBUG","msg":"call steps","run":"r1","tool":"run_python","args":0.05,"ran":8.5,"recorded":9.1}
+not json
+`
+	for i := 0; i < len(lines); i += 7 {
+		_, _ = c.Write([]byte(lines[i:min(i+7, len(lines))]))
+	}
+	got := c.take("r1", time.Second)
+	if got["mcp.args"] != 0.05 || got["mcp.ran"] != 8.5 || got["mcp.recorded"] != 9.1 || len(got) != 3 {
+		t.Fatalf("steps of r1 = %v", got)
+	}
+	if c.take("r1", 0) != nil {
+		t.Error("a run's steps were taken twice")
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		_, _ = c.Write([]byte(`{"msg":"call steps","run":"r2","ran":1}` + "\n"))
+	}()
+	if got := c.take("r2", 5*time.Second); got["mcp.ran"] != 1 {
+		t.Errorf("steps of r2, written after the take began = %v", got)
+	}
+}

@@ -124,7 +124,8 @@ func costs(r *Report) []Cost {
 // name.
 var stepOrder = []string{"admission", "acquired_sandbox", "exchange", "frame_sent",
 	"driver.arrived", "driver.placed", "driver.started", "driver.go_sent", "driver.first_output", "driver.reported", "driver.exited",
-	"driver.drained", "driver.collected", "driver.answered", "exit_frame", "attempts"}
+	"driver.drained", "driver.collected", "driver.answered", "exit_frame", "attempts",
+	"mcp.args", "mcp.approved", "mcp.audit_ready", "mcp.ran", "mcp.result", "mcp.recorded"}
 
 // stepsMarkdown is where a print(1) run's time goes, by mode, at
 // concurrency 1: empty when no mode reported its steps.
@@ -153,7 +154,7 @@ func (r *Report) stepsMarkdown() string {
 	slices.Sort(rest)
 	order = append(order, rest...)
 	var b strings.Builder
-	b.WriteString("\nWhere a `print(1)` run's time goes (p50 ms, concurrency 1; manager steps are durations; `frame_sent`, `driver.*` and `exit_frame` are times since the work was sent, the driver's read on the sandbox's clock, which is the host's):\n\n| step |")
+	b.WriteString("\nWhere a `print(1)` run's time goes (p50 ms, concurrency 1; manager steps are durations; `frame_sent`, `driver.*` and `exit_frame` are times since the work was sent, the driver's read on the sandbox's clock, which is the host's; `mcp.*` are times since the server's tool handler began):\n\n| step |")
 	for _, x := range rows {
 		b.WriteString(" " + x.Mode + " |")
 	}

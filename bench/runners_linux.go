@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
 	"github.com/mark3labs/mcp-go/mcp"
 
 	"github.com/airlock-mcp/airlock/backend/local"
@@ -227,6 +228,7 @@ type mcpRunner struct {
 	instance string
 	ready    func(ctx context.Context, instance string, n int) error
 	kenv     *kubeEnv // the cluster, in the Kubernetes modes
+	steps    *callSteps
 }
 
 func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurrency int, ready func(context.Context, string, int) error, kenv *kubeEnv) (*mcpRunner, error) {
@@ -235,7 +237,8 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 		return nil, err
 	}
 	before := instances(stateDir)
-	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: warn}\npool: {size: %d}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
+	// Debug level for the server's "call steps" lines, read from its stderr.
+	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: debug, format: json}\npool: {size: %d}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
 		strconv.Quote(stateDir), poolSize, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
 	if kenv != nil {
 		cfg += kenv.mcpConfig()
@@ -244,7 +247,9 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
-	c, err := client.NewStdioMCPClient(bin, []string{"PATH=" + os.Getenv("PATH")}, "serve", "--transport", "stdio", "--config", cfgPath)
+	steps := newCallSteps()
+	c, err := client.NewStdioMCPClientWithOptions(bin, []string{"PATH=" + os.Getenv("PATH")}, []string{"serve", "--transport", "stdio", "--config", cfgPath},
+		transport.WithCommandStderrWriter(steps))
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -259,7 +264,7 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("initialize airlock over stdio: %w", err)
 	}
-	r := &mcpRunner{c: c, dir: dir, ready: ready, kenv: kenv}
+	r := &mcpRunner{c: c, dir: dir, ready: ready, kenv: kenv, steps: steps}
 	if kenv != nil {
 		// No instance lock or guardian on Kubernetes: the Lease and the
 		// pods it owns are the server's.
@@ -344,7 +349,7 @@ func (r *mcpRunner) Run(ctx context.Context, p Program) (Sample, error) {
 	sc, _ := res.StructuredContent.(map[string]any)
 	stdout, _ := sc["stdout"].(string)
 	runID, _ := sc["run_id"].(string)
-	return Sample{Latency: lat, Warm: r.wasWarm(runID)}, checkOutput(p, stdout, 0)
+	return Sample{Latency: lat, Warm: r.wasWarm(runID), Steps: r.steps.take(runID, time.Second)}, checkOutput(p, stdout, 0)
 }
 
 // wasWarm looks the run up in the server's audit log, which says whether

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 	"time"
 
@@ -29,6 +30,15 @@ type call struct {
 	// shown what came of it.
 	console bool
 	written bool
+	// steps are the times of the call's steps since it began, logged at
+	// debug level when it ends (the benchmark reads them).
+	t0    time.Time
+	steps []any
+}
+
+// mark notes that the call reached step.
+func (c *call) mark(step string) {
+	c.steps = append(c.steps, slog.Float64(step, float64(time.Since(c.t0).Microseconds())/1000))
 }
 
 func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.ToolHandlerFunc {
@@ -73,7 +83,7 @@ func (h *Handlers) Call(ctx context.Context, tool string, args map[string]any) *
 
 func (h *Handlers) newCall(ctx context.Context, tool string) *call {
 	caller := CallerFrom(ctx)
-	return &call{h: h, tool: tool, caller: caller, rec: approval.Record{
+	return &call{h: h, tool: tool, caller: caller, t0: time.Now(), rec: approval.Record{
 		ID:           runtime.NewRunID(),
 		Time:         time.Now().UTC(),
 		Client:       caller.ID,
@@ -96,6 +106,7 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	if err != nil {
 		return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
 	}
+	c.mark("args")
 	var sess *sessionEntry
 	if args.SessionID != "" {
 		sess, err = h.findSession(ctx, args.SessionID, c.caller.ID)
@@ -132,9 +143,11 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	if res := c.approve(ctx, req, areq, grants); res != nil {
 		return res
 	}
+	c.mark("approved")
 	if res := c.auditReady(); res != nil {
 		return res
 	}
+	c.mark("audit_ready")
 	if h.Quotas != nil {
 		release, err := h.Quotas.Take(c.caller.ID)
 		if err != nil {
@@ -159,6 +172,7 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 		out, err = h.Manager.Run(ctx, rreq)
 	}
 	prog.Close()
+	c.mark("ran")
 	if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("%w: %w", err, context.Cause(ctx))
 	}
@@ -268,7 +282,12 @@ func (c *call) finish(res *mcp.CallToolResult) *mcp.CallToolResult {
 		c.rec.Decision = approval.DecisionNone
 	}
 	countCall(c.rec)
+	c.mark("result")
 	hash, err := c.h.writeRecord(c.rec)
+	c.mark("recorded")
+	if c.h.Log.Enabled(context.Background(), slog.LevelDebug) {
+		c.h.Log.Debug("call steps", append([]any{"run", c.rec.ID, "tool", c.tool}, c.steps...)...)
+	}
 	if err != nil {
 		c.h.Log.Error("audit record not written", "run", c.rec.ID, "err", err)
 		res.Content = append(res.Content, mcp.NewTextContent(fmt.Sprintf("Warning: the audit record of this call could not be written (%v).", err)))
