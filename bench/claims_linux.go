@@ -236,7 +236,7 @@ func claimStep(ctx context.Context, claimers []*kube.Claimer, rate, n int) (Clai
 	}
 	sort.Slice(ok, func(i, j int) bool { return ok[i] < ok[j] })
 	if len(ok) > 0 {
-		row.P50, row.P90, row.P99, row.Max = millis(percentile(ok, 50)), millis(percentile(ok, 90)), millis(percentile(ok, 99)), millis(ok[len(ok)-1])
+		row.P50, row.P90, row.P99, row.Max = runtime.Millis(percentile(ok, 50)), runtime.Millis(percentile(ok, 90)), runtime.Millis(percentile(ok, 99)), runtime.Millis(ok[len(ok)-1])
 	}
 	return row, got
 }

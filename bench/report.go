@@ -170,10 +170,8 @@ func (r *Report) stepsMarkdown() string {
 				if n := x.StepsSeen[k]; n > 0 && n < x.N {
 					fmt.Fprintf(&b, " (%d of %d runs)", n, x.N)
 				}
-				b.WriteString(" |")
-			} else {
-				b.WriteString(" |")
 			}
+			b.WriteString(" |")
 		}
 		b.WriteString("\n")
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/airlock-mcp/airlock/runtime"
 )
 
 // Result is one row: a mode running a program at a concurrency.
@@ -65,14 +67,11 @@ func summarize(r *Result, lat []time.Duration) {
 	for _, d := range lat {
 		sum += d
 	}
-	r.P50 = millis(percentile(lat, 50))
-	r.P95 = millis(percentile(lat, 95))
-	r.P99 = millis(percentile(lat, 99))
-	r.Mean = millis(sum / time.Duration(len(lat)))
+	r.P50 = runtime.Millis(percentile(lat, 50))
+	r.P95 = runtime.Millis(percentile(lat, 95))
+	r.P99 = runtime.Millis(percentile(lat, 99))
+	r.Mean = runtime.Millis(sum / time.Duration(len(lat)))
 }
-
-// millis is d in milliseconds, to the microsecond.
-func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // percentile is the nearest-rank percentile of sorted samples.
 func percentile(sorted []time.Duration, p float64) time.Duration {

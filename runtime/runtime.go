@@ -239,3 +239,6 @@ func NewRunID() string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// Millis is d in milliseconds, as Result.Timings holds it.
+func Millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

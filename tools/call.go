@@ -38,7 +38,7 @@ type call struct {
 
 // mark notes that the call reached step.
 func (c *call) mark(step string) {
-	c.steps = append(c.steps, slog.Float64(step, float64(time.Since(c.t0).Microseconds())/1000))
+	c.steps = append(c.steps, slog.Float64(step, runtime.Millis(time.Since(c.t0))))
 }
 
 func (h *Handlers) handler(name, codeKey string, lang runtime.Language) server.ToolHandlerFunc {

@@ -8,7 +8,7 @@ import (
 	"github.com/mark3labs/mcp-go/mcp"
 )
 
-// outputSchema is outputSchema[T] with one spelling of each type.
+// outputSchema is mcp.WithOutputSchema[T] with one spelling of each type.
 // The generator gives every slice, map and pointer field the type
 // ["null", X], as Go's nil marshals to null; clients that map tool
 // schemas onto a single-type dialect (the OpenAPI subset of Gemini
@@ -59,11 +59,11 @@ func structured(out any, text string) *mcp.CallToolResult {
 
 // noNulls returns a copy of v whose nil slices and maps, in fields without
 // omitempty, are empty.
-func noNulls[T any](v T) T {
+func noNulls(v any) any {
 	c := reflect.New(reflect.TypeOf(v)).Elem()
 	c.Set(reflect.ValueOf(v))
 	fillNils(c)
-	return c.Interface().(T)
+	return c.Interface()
 }
 
 func fillNils(v reflect.Value) {

@@ -212,7 +212,7 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	}
 	res.Warm = warm
 	if res.Timings != nil {
-		res.Timings["acquired_sandbox"] = float64(startRun.Sub(start).Microseconds()) / 1000
+		res.Timings["acquired_sandbox"] = runtime.Millis(startRun.Sub(start))
 		for k, v := range p.steps {
 			res.Timings["create."+k] = v
 		}

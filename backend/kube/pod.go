@@ -70,7 +70,7 @@ const attachRepeat = 250 * time.Millisecond
 const teardownTimeout = 2 * time.Minute
 
 func (p *pod) step(name string) {
-	p.steps[name] = float64(time.Since(p.created).Microseconds()) / 1000
+	p.steps[name] = runtime.Millis(time.Since(p.created))
 }
 
 // newPod is the host's end of the pod name, not yet attached.

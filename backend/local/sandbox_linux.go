@@ -62,7 +62,7 @@ type sandbox struct {
 
 // step records how long the making of the sandbox has taken so far.
 func (s *sandbox) step(name string) {
-	s.steps[name] = float64(time.Since(s.created).Microseconds()) / 1000
+	s.steps[name] = runtime.Millis(time.Since(s.created))
 }
 
 // create makes and starts a sandbox with id "airlock-"+sid. A networked one
@@ -400,10 +400,10 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	res.Warm = warm
 	if res.Timings != nil {
 		// The steps of the call's path, each as long as it took (Trace).
-		res.Timings["admission"] = ms(start.Sub(called))
-		res.Timings["acquired_sandbox"] = ms(startRun.Sub(start))
-		res.Timings["exchange"] = ms(noted.Sub(exchanged))
-		res.Timings["attempts"] = ms(time.Since(noted))
+		res.Timings["admission"] = runtime.Millis(start.Sub(called))
+		res.Timings["acquired_sandbox"] = runtime.Millis(startRun.Sub(start))
+		res.Timings["exchange"] = runtime.Millis(noted.Sub(exchanged))
+		res.Timings["attempts"] = runtime.Millis(time.Since(noted))
 		if !warm {
 			for k, v := range s.steps {
 				res.Timings["create."+k] = v
@@ -458,6 +458,3 @@ func (m *ContainerdManager) waitOOM(id string, d time.Duration) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
-
-// ms is d in milliseconds, as Result.Timings holds it.
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

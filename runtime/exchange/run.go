@@ -161,18 +161,17 @@ loop:
 		res.LimitsHit = exit.Limits
 	}
 	if req.Trace && exit != nil {
-		res.Timings = map[string]float64{"exit_frame": float64(res.Duration.Microseconds()) / 1000}
+		res.Timings = map[string]float64{"exit_frame": runtime.Millis(res.Duration)}
 		select {
 		case d := <-sent:
-			res.Timings["frame_sent"] = float64(d.Microseconds()) / 1000
+			res.Timings["frame_sent"] = runtime.Millis(d)
 		default:
 		}
 		// The driver's steps, from its own start, on the call's timeline.
-		arrived := exit.Timings[driver.ArrivedAt] - float64(start.UnixMicro())/1000
-		if _, ok := exit.Timings[driver.ArrivedAt]; ok {
+		arrived := 0.0
+		if at, ok := exit.Timings[driver.ArrivedAt]; ok {
+			arrived = at - float64(start.UnixMicro())/1000
 			res.Timings["driver.arrived"] = arrived
-		} else {
-			arrived = 0
 		}
 		for k, v := range exit.Timings {
 			if k != driver.ArrivedAt {
