@@ -30,10 +30,16 @@ const (
 	ModeWarm    = "gvisor-warm"
 	ModeMCPCold = "mcp-cold"
 	ModeMCPWarm = "mcp-warm"
+	// ModeRestore is a cold sandbox (no pool) restored from the template,
+	// not booted; ModeWarmBoot the pool refilled by booting, as before
+	// restores; ModeResume a paused session's next call.
+	ModeRestore  = "gvisor-restore"
+	ModeWarmBoot = "gvisor-warm-boot"
+	ModeResume   = "session-resume"
 )
 
 // AllModes are every mode, floor first.
-var AllModes = []string{ModeNative, ModeRunc, ModeCold, ModeWarm, ModeMCPCold, ModeMCPWarm}
+var AllModes = []string{ModeNative, ModeRunc, ModeCold, ModeRestore, ModeWarm, ModeWarmBoot, ModeResume, ModeMCPCold, ModeMCPWarm}
 
 // The safety variants: gvisor-cold and gvisor-warm with runtime monitoring
 // off, or with runsc's directfs on, each compared with the configured
@@ -51,6 +57,8 @@ var SafetyModes = []string{ModeCold, ModeColdNoMonitor, ModeColdDirectFS, ModeWa
 // variant is how a safety mode differs from the configuration.
 type variant struct {
 	noMonitor, directFS bool
+	// restore makes sandboxes by restoring the template (pool.restore).
+	restore bool
 }
 
 // variants maps every local gVisor mode to its variant.
@@ -59,11 +67,13 @@ var variants = map[string]struct {
 	v    variant
 }{
 	ModeCold:          {false, variant{}},
-	ModeWarm:          {true, variant{}},
+	ModeRestore:       {false, variant{restore: true}},
+	ModeWarm:          {true, variant{restore: true}},
+	ModeWarmBoot:      {true, variant{}},
 	ModeColdNoMonitor: {false, variant{noMonitor: true}},
-	ModeWarmNoMonitor: {true, variant{noMonitor: true}},
+	ModeWarmNoMonitor: {true, variant{noMonitor: true, restore: true}},
 	ModeColdDirectFS:  {false, variant{directFS: true}},
-	ModeWarmDirectFS:  {true, variant{directFS: true}},
+	ModeWarmDirectFS:  {true, variant{directFS: true, restore: true}},
 }
 
 // Options say what to measure.
@@ -313,9 +323,15 @@ func newRunner(ctx context.Context, s *boot.Stack, kenv *kubeEnv, mode, rootfs s
 		}
 		return &runcRunner{client: s.Client, namespace: s.Config.Containerd.Namespace, image: img,
 			limits: s.Config.Limits.RunLimits(0), fifoDir: fifo, instance: s.Instance.ID}, nil
-	case ModeCold, ModeWarm, ModeColdNoMonitor, ModeWarmNoMonitor, ModeColdDirectFS, ModeWarmDirectFS:
-		if v := variants[mode].v; (v.noMonitor || v.directFS) && s.Shim != local.ShimRunc {
-			return nil, fmt.Errorf("runtime monitoring and directfs are set through the runc shim's runsc wrapper; shim %s has neither", s.Shim)
+	case ModeResume:
+		m, lim, err := newManager(ctx, s, 0, maxC, s.Config.Pool.Preload, variant{restore: true})
+		if err != nil {
+			return nil, err
+		}
+		return newSessionRunner(ctx, m, lim, maxC)
+	case ModeCold, ModeWarm, ModeColdNoMonitor, ModeWarmNoMonitor, ModeColdDirectFS, ModeWarmDirectFS, ModeRestore, ModeWarmBoot:
+		if v := variants[mode].v; (v.noMonitor || v.directFS || v.restore) && s.Shim != local.ShimRunc {
+			return nil, fmt.Errorf("runtime monitoring, directfs and restores go through the runc shim's runsc wrapper; shim %s has none", s.Shim)
 		}
 		pool := 0
 		if variants[mode].warm {
@@ -381,6 +397,7 @@ func newManager(ctx context.Context, s *boot.Stack, pool, concurrency int, prelo
 	if v.directFS {
 		o.DirectFS = true
 	}
+	o.Restore = v.restore
 	m, err := local.NewContainerd(nctx, o)
 	return m, lim, err
 }

@@ -31,18 +31,27 @@ func (r *Report) find(mode, program string, c int) *Result {
 	return nil
 }
 
-func targets(r *Report) []Target {
-	ratio := func(name, goal string, limit float64, a, b *Result, what string) Target {
+// ratioOf is a target on the ratio of one value (of) of two results: met
+// when a's is at most limit times b's.
+func ratioOf(of func(*Result) float64, format string) func(name, goal string, limit float64, a, b *Result, what string) Target {
+	return func(name, goal string, limit float64, a, b *Result, what string) Target {
 		t := Target{Name: name, Goal: goal}
-		if a == nil || b == nil {
+		if a == nil || b == nil || of(a) <= 0 || of(b) <= 0 {
 			t.Missing = "a mode or program it compares was not run"
 			return t
 		}
-		t.Ratio = a.P50 / b.P50
-		t.Measured = fmt.Sprintf("%.1f ms / %.1f ms = %.2f× (%s)", a.P50, b.P50, t.Ratio, what)
+		t.Ratio = of(a) / of(b)
+		t.Measured = fmt.Sprintf(format+" ms / "+format+" ms = %.2f× (%s)", of(a), of(b), t.Ratio, what)
 		t.Met = t.Ratio <= limit
 		return t
 	}
+}
+
+// cpuRatio compares CPU per run.
+var cpuRatio = ratioOf(func(r *Result) float64 { return r.CPUPerRun }, "%.0f")
+
+func targets(r *Report) []Target {
+	ratio := ratioOf(func(r *Result) float64 { return r.P50 }, "%.1f")
 	out := []Target{
 		ratio("warm end to end vs native", "warm pool through MCP, print(1) p50 ≤ 3× native", 3,
 			r.find(ModeMCPWarm, "print", 1), r.find(ModeNative, "print", 1), "mcp-warm ÷ native, print, c=1"),
@@ -54,6 +63,17 @@ func targets(r *Report) []Target {
 			r.find(ModeWarm, "pandas", 1), r.find(ModeWarm, "print", 1), "gvisor-warm pandas ÷ print, c=1"),
 		ratio("cold gVisor vs runc", "cold gVisor p50 ≤ 1.5× runc cold", 1.5,
 			r.find(ModeCold, "print", 1), r.find(ModeRunc, "print", 1), "gvisor-cold ÷ runc, print, c=1"),
+		// Issue 19's: restore instead of boot.
+		ratio("cold restored vs runc", "cold sandbox restored from the template, p50 ≤ 1.5× runc cold", 1.5,
+			r.find(ModeRestore, "print", 1), r.find(ModeRunc, "print", 1), "gvisor-restore ÷ runc, print, c=1"),
+		ratio("pandas in a cold sandbox, restored vs booted", "import pandas in a cold sandbox p50 ≤ 0.5× a booted one's", 0.5,
+			r.find(ModeRestore, "pandas", 1), r.find(ModeCold, "pandas", 1), "gvisor-restore ÷ gvisor-cold, pandas, c=1"),
+		// A pooled sandbox's refill is a sandbox made with pandas imported:
+		// what a cold pandas run costs besides its tiny DataFrame op.
+		cpuRatio("refill CPU, restored vs booted", "CPU to make a sandbox with pandas imported (a pool refill) ≤ 1/3 of booting one", 1.0/3,
+			r.find(ModeRestore, "pandas", 1), r.find(ModeCold, "pandas", 1), "gvisor-restore ÷ gvisor-cold, CPU per run, pandas, c=1"),
+		ratio("paused session resume", "a paused session's next call (restore and print(1)) p50 ≤ 300 ms", 1,
+			r.find(ModeResume, "print", 1), &Result{P50: 300}, "session-resume ÷ 300 ms, print, c=1"),
 	}
 	if r.find(ModeMCPK8sWarm, "print", 1) != nil || r.find(ModeMCPK8sCold, "print", 1) != nil {
 		out = append(out,

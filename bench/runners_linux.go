@@ -129,6 +129,9 @@ func (r *manager) Close()                                 { r.close() }
 func localRunner(m *local.ContainerdManager, lim runtime.Limits) *manager {
 	return &manager{m: m, limits: lim, close: func() { _ = m.Close(context.Background()) },
 		ready: func(ctx context.Context, n int) error {
+			if err := m.WaitTemplate(ctx); err != nil {
+				return err
+			}
 			pool := m.Pool()
 			if pool == nil {
 				m.WaitTeardowns()
@@ -238,8 +241,10 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 	}
 	before := instances(stateDir)
 	// Debug level for the server's "call steps" lines, read from its stderr.
-	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: debug, format: json}\npool: {size: %d}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
-		strconv.Quote(stateDir), poolSize, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
+	// A warm pool refills by restoring its template (the default); cold
+	// sandboxes boot, as mcp-cold always measured.
+	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: debug, format: json}\npool: {size: %d, restore: %t}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
+		strconv.Quote(stateDir), poolSize, poolSize > 0, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
 	if kenv != nil {
 		cfg += kenv.mcpConfig()
 	}
@@ -397,4 +402,58 @@ func (r *mcpRunner) Close() {
 	for deadline := time.Now().Add(time.Minute); guardianRunning(r.instance) && time.Now().Before(deadline); {
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// sessionRunner measures a paused session's next call: each run pauses a
+// session (untimed), then times the call that resumes it.
+type sessionRunner struct {
+	m        *local.ContainerdManager
+	limits   runtime.Limits
+	sessions chan runtime.Session
+	all      []runtime.Session
+}
+
+func newSessionRunner(ctx context.Context, m *local.ContainerdManager, lim runtime.Limits, n int) (*sessionRunner, error) {
+	r := &sessionRunner{m: m, limits: lim, sessions: make(chan runtime.Session, n)}
+	for range n {
+		sess, err := m.OpenSession(ctx, runtime.SessionOptions{ID: "s" + runtime.NewRunID(), Limits: lim, Owner: "bench", Idle: time.Hour, Lifetime: 2 * time.Hour})
+		if err != nil {
+			r.Close()
+			return nil, fmt.Errorf("open session: %w", err)
+		}
+		r.all = append(r.all, sess)
+		r.sessions <- sess
+	}
+	return r, nil
+}
+
+func (r *sessionRunner) Run(ctx context.Context, p Program) (Sample, error) {
+	sess := <-r.sessions
+	defer func() { r.sessions <- sess }()
+	if err := sess.(runtime.SessionPauser).Pause(ctx); err != nil {
+		return Sample{}, fmt.Errorf("pause: %w", err)
+	}
+	start := time.Now()
+	res, err := sess.Run(ctx, runtime.Request{Language: runtime.Language(p.Lang), Code: p.Code, Limits: r.limits, Trace: true})
+	lat := time.Since(start)
+	if err != nil {
+		return Sample{}, err
+	}
+	if res.Resumed == 0 {
+		return Sample{}, errors.New("the call did not resume its session")
+	}
+	steps := map[string]float64{"resume": runtime.Millis(res.Resumed)}
+	for k, v := range res.Timings {
+		steps[k] = v
+	}
+	return Sample{Latency: lat, Steps: steps}, checkOutput(p, res.Stdout, res.ExitCode)
+}
+
+func (r *sessionRunner) Ready(context.Context, int) error { return nil }
+
+func (r *sessionRunner) Close() {
+	for _, s := range r.all {
+		s.Close()
+	}
+	_ = r.m.Close(context.Background())
 }

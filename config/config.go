@@ -80,6 +80,10 @@ type PoolConfig struct {
 	MaxIdleAge time.Duration `mapstructure:"max_idle_age"`
 	// Preload are the Python modules a warm sandbox has imported already.
 	Preload []string `mapstructure:"preload"`
+	// Restore makes warm sandboxes, and cold ones with the default
+	// limits and no network, by restoring a checkpoint of a warm one
+	// instead of booting (local backend, runc shim).
+	Restore bool `mapstructure:"restore"`
 }
 
 // SessionsConfig bounds stateful sessions.
@@ -91,6 +95,12 @@ type SessionsConfig struct {
 	MaxLifetime time.Duration `mapstructure:"max_lifetime"`
 	PerClient   int           `mapstructure:"per_client"`
 	Max         int           `mapstructure:"max"`
+	// PauseAfter checkpoints a session idle this long to state_dir and
+	// frees its sandbox; its next call restores it. 0 never pauses.
+	PauseAfter time.Duration `mapstructure:"pause_after"`
+	// CheckpointMB bounds the disk paused sessions take; the oldest
+	// paused sessions end first past it.
+	CheckpointMB int `mapstructure:"checkpoint_mb"`
 }
 
 // FilesConfig bounds write_file and read_file; the workspace as a whole is
@@ -434,8 +444,8 @@ func Defaults() Config {
 		},
 		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100, SealEvery: 100},
 		Monitor:  MonitorConfig{Enabled: true, KillOn: []string{}},
-		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}},
-		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16},
+		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}, Restore: true},
+		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16, PauseAfter: 2 * time.Minute, CheckpointMB: 4096},
 		Files:    FilesConfig{MaxFileMB: 8},
 		Rich:     RichConfig{DisplayKB: 64, MaxImages: 4, ImageKB: 1024, MaxFiles: 100, EmbedKB: 64, EmbedTotalKB: 256},
 		Breaker:  BreakerConfig{Failures: 5, Window: time.Minute, Cooldown: 30 * time.Second},
@@ -529,10 +539,13 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("pool.size", d.Pool.Size)
 	v.SetDefault("pool.max_idle_age", d.Pool.MaxIdleAge)
 	v.SetDefault("pool.preload", d.Pool.Preload)
+	v.SetDefault("pool.restore", d.Pool.Restore)
 	v.SetDefault("sessions.idle_timeout", d.Sessions.IdleTimeout)
 	v.SetDefault("sessions.max_lifetime", d.Sessions.MaxLifetime)
 	v.SetDefault("sessions.per_client", d.Sessions.PerClient)
 	v.SetDefault("sessions.max", d.Sessions.Max)
+	v.SetDefault("sessions.pause_after", d.Sessions.PauseAfter)
+	v.SetDefault("sessions.checkpoint_mb", d.Sessions.CheckpointMB)
 	v.SetDefault("files.max_file_mb", d.Files.MaxFileMB)
 	v.SetDefault("rich.display_kb", d.Rich.DisplayKB)
 	v.SetDefault("rich.max_images", d.Rich.MaxImages)
@@ -657,6 +670,7 @@ func (c Config) Validate() error {
 		{c.Sessions.IdleTimeout >= time.Second && c.Sessions.MaxLifetime >= c.Sessions.IdleTimeout,
 			"sessions.idle_timeout must be at least 1s and sessions.max_lifetime at least that (write them with units: 10m, 2h)"},
 		{c.Sessions.PerClient >= 0 && c.Sessions.Max >= c.Sessions.PerClient, "sessions.per_client must not be negative, and sessions.max at least that (0 turns sessions off)"},
+		{c.Sessions.PauseAfter >= 0 && c.Sessions.CheckpointMB >= 1, "sessions.pause_after must not be negative (0 never pauses), and sessions.checkpoint_mb must be at least 1"},
 		{c.Files.MaxFileMB >= 1 && c.Files.MaxFileMB <= 16, "files.max_file_mb must be between 1 and 16"},
 		{c.Rich.DisplayKB >= 1 && c.Rich.MaxImages >= 0 && c.Rich.ImageKB >= 1 && c.Rich.MaxFiles >= 0 && c.Rich.EmbedKB >= 0 && c.Rich.EmbedTotalKB >= c.Rich.EmbedKB && c.Rich.ImageKB*c.Rich.MaxImages <= 16<<10,
 			"rich.*: display_kb and image_kb at least 1, counts not negative, embed_total_kb at least embed_kb, and max_images×image_kb at most 16384"},

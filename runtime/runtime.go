@@ -115,6 +115,9 @@ type Result struct {
 	// SessionLost says a session's sandbox or interpreter is gone: the
 	// session is over.
 	SessionLost bool
+	// Resumed is how long restoring a paused session took before this
+	// call ran; 0 when it was running.
+	Resumed time.Duration
 	// Timings are milliseconds from the start of Run to each step, with the
 	// driver's own steps under "driver.", when Request.Trace asked.
 	Timings map[string]float64
@@ -173,7 +176,9 @@ type SessionRecord struct {
 	Owner   string
 	Created time.Time
 	Idle    time.Duration
-	Calls   int
+	// LastUsed is the session's last call; zero when unknown.
+	LastUsed time.Time
+	Calls    int
 	// Egress is a networked session's allow-list; nil for none.
 	Egress *egress.Policy
 }
@@ -194,6 +199,31 @@ type SessionAdopter interface {
 type SessionReleaser interface {
 	Session
 	Release()
+}
+
+// SessionPauser is a Session that can be paused: its sandbox checkpointed
+// to disk and destroyed, so it holds no memory while idle, and restored at
+// its next call (Result.Resumed).
+type SessionPauser interface {
+	Session
+	// Pause checkpoints the session; ErrSessionBusy while a call runs.
+	Pause(ctx context.Context) error
+	// Paused reports whether the session is on disk now.
+	Paused() bool
+}
+
+// PauseCapable is a Manager whose sessions may pause and fork
+// (SessionPauser, SessionForker).
+type PauseCapable interface {
+	PausesSessions() bool
+}
+
+// SessionForker is a Session that can be copied into a new session.
+type SessionForker interface {
+	Session
+	// Fork makes session o.ID with this one's variables and /workspace
+	// (o.Limits are this one's); the two are independent from then on.
+	Fork(ctx context.Context, o SessionOptions) (Session, error)
 }
 
 // ErrNoSession is returned by AdoptSession for a session that does not

@@ -57,6 +57,8 @@ type RunOutput struct {
 	// session is over (its interpreter died or would not stop).
 	SessionID    string `json:"session_id,omitempty"`
 	SessionEnded bool   `json:"session_ended,omitempty"`
+	// ResumedMS is how long restoring the paused session took first.
+	ResumedMS int64 `json:"resumed_ms,omitempty" jsonschema:"The session was paused and this call resumed it first, taking this many milliseconds"`
 	// AuditRecord is the hash of the call's audit line, set when it is
 	// written.
 	AuditRecord string `json:"audit_record,omitempty" jsonschema:"SHA-256 (hex) of this call's line in the server's audit log; airlock audit verify checks the chain it belongs to"`
@@ -241,7 +243,7 @@ func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToo
 		case errors.Is(err, runtime.ErrSessionBusy):
 			return mcp.NewToolResultError("The session is busy with another call; retry when it has finished (a session runs one call at a time).")
 		case errors.Is(err, runtime.ErrSessionClosed):
-			return mcp.NewToolResultError("The session has ended; start another with session_create.")
+			return mcp.NewToolResultError(fmt.Sprintf("The session has ended (%v); start another with session_create.", err))
 		case errors.Is(err, runtime.ErrBusy):
 			return mcp.NewToolResultError(fmt.Sprintf("All %d sandboxes are busy (limits.concurrency); retry in a few seconds.", h.Limits.Concurrency))
 		case errors.Is(err, errShuttingDown):
@@ -311,6 +313,7 @@ func ToOutput(r runtime.Result) RunOutput {
 		EgressDenied:    denied(r.EgressDenied),
 		Attempts:        r.Attempts,
 		SessionEnded:    r.SessionLost,
+		ResumedMS:       r.Resumed.Milliseconds(),
 	}
 	if rich := r.Rich; rich != nil {
 		o.Display, o.Images, o.ImagesSkipped, o.FilesTruncated = rich.Display, len(rich.Images), rich.ImagesSkipped, rich.FilesTruncated
@@ -339,6 +342,9 @@ func RenderText(o RunOutput) string {
 		fmt.Fprintf(&b, "Out of memory: the sandbox was killed (exit code %d, %d ms).\n", o.ExitCode, o.DurationMS)
 	default:
 		fmt.Fprintf(&b, "Exit code %d (%d ms).\n", o.ExitCode, o.DurationMS)
+	}
+	if o.ResumedMS > 0 {
+		fmt.Fprintf(&b, "The session was paused; this call resumed it first (%d ms).\n", o.ResumedMS)
 	}
 	if o.Truncated {
 		b.WriteString("Output was cut at its cap; the rest was dropped.\n")

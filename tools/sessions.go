@@ -42,6 +42,8 @@ type sessionEntry struct {
 	idle          time.Duration
 	calls         int
 	busy          int // calls in progress
+	// pausing, paused and noPause are the idle pause's (pauseIdle).
+	pausing, paused, noPause bool
 }
 
 // SessionInfo is a session as session_create and session_list show it.
@@ -54,6 +56,7 @@ type SessionInfo struct {
 	IdleTimeoutS int       `json:"idle_timeout_s" jsonschema:"The session ends this many seconds after its last call"`
 	ExpiresAt    time.Time `json:"expires_at" jsonschema:"The session ends at this time at the latest"`
 	Calls        int       `json:"calls"`
+	Paused       bool      `json:"paused" jsonschema:"True while the session is paused: saved to disk, holding no memory; its next call resumes it"`
 }
 
 // SessionList is the structuredContent of session_list.
@@ -64,6 +67,9 @@ type SessionList struct {
 func (h *Handlers) sessionInfo(e *sessionEntry) SessionInfo {
 	info := SessionInfo{SessionID: e.id, Network: e.network, AllowDomains: []string{}, Created: e.created.UTC(), LastUsed: e.used.UTC(),
 		IdleTimeoutS: int(e.idle / time.Second), ExpiresAt: e.created.Add(h.Sessions.MaxLifetime).UTC(), Calls: e.calls}
+	if p, ok := e.s.(runtime.SessionPauser); ok {
+		info.Paused = p.Paused()
+	}
 	if e.policy != nil {
 		info.AllowDomains = e.policy.Domains()
 	}
@@ -107,8 +113,11 @@ func (h *Handlers) findSession(ctx context.Context, id, client string) (*session
 		h.Log.Warn("session takeover failed", "session", id, "err", err)
 		return nil, fmt.Errorf("session %s could not be taken over from the airlock that served it: %w", id, err)
 	}
-	now := time.Now()
-	e := &sessionEntry{id: id, owner: rec.Owner, s: sess, network: config.NetworkNone, created: rec.Created, used: now, idle: rec.Idle, calls: rec.Calls}
+	used := rec.LastUsed
+	if used.IsZero() {
+		used = time.Now()
+	}
+	e := &sessionEntry{id: id, owner: rec.Owner, s: sess, network: config.NetworkNone, created: rec.Created, used: used, idle: rec.Idle, calls: rec.Calls}
 	if rec.Egress != nil {
 		e.network, e.policy = config.NetworkAllowlist, rec.Egress
 	}
@@ -158,6 +167,7 @@ func (h *Handlers) reap() {
 			}
 		}
 		h.sessions.mu.Unlock()
+		h.pauseIdle(now)
 		for _, id := range done {
 			h.Log.Info("session ended", "session", id, "why", "idle timeout, max lifetime or lost")
 			h.sessions.remove(id)
@@ -242,6 +252,7 @@ func (h *Handlers) registerSessionTools(s *server.MCPServer) {
 		mcp.WithReadOnlyHintAnnotation(true), mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(true), mcp.WithOpenWorldHintAnnotation(false),
 	), h.safe("session_list", h.sessionList))
+	h.registerPauseTools(s)
 	h.registerFileTools(s)
 }
 
@@ -304,19 +315,8 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 		return mcp.NewToolResultError(fmt.Sprintf("a session cannot be granted domains outside the operator's list (%s): ask for them in a one-shot call", strings.Join(grants, ", "))), nil
 	}
 	caller := CallerFrom(ctx)
-	h.sessions.mu.Lock()
-	mine, all := 0, len(h.sessions.m)
-	for _, e := range h.sessions.m {
-		if e.owner == caller.ID {
-			mine++
-		}
-	}
-	h.sessions.mu.Unlock()
-	switch {
-	case mine >= h.Sessions.PerClient:
-		return mcp.NewToolResultError(fmt.Sprintf("This client has %d sessions open (sessions.per_client); close one with session_close first.", mine)), nil
-	case all >= h.Sessions.Max:
-		return mcp.NewToolResultError(fmt.Sprintf("The server holds its maximum of %d sessions (sessions.max); retry later or use one-shot calls.", all)), nil
+	if res := h.sessionRoom(caller.ID); res != nil {
+		return res, nil
 	}
 	id := "s" + runtime.NewRunID()
 	sm := h.Manager.(runtime.SessionManager)
@@ -346,6 +346,26 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 	info := h.sessionInfo(e)
 	return structured(info, fmt.Sprintf("Session %s started (network %s). Pass \"session_id\": %q to run_python, run_shell and the file tools. It ends after %d s without a call, at %s at the latest, or with session_close.",
 		id, e.network, id, info.IdleTimeoutS, info.ExpiresAt.Format(time.RFC3339))), nil
+}
+
+// sessionRoom refuses a new session past sessions.per_client for client
+// or sessions.max in all.
+func (h *Handlers) sessionRoom(client string) *mcp.CallToolResult {
+	h.sessions.mu.Lock()
+	mine, all := 0, len(h.sessions.m)
+	for _, e := range h.sessions.m {
+		if e.owner == client {
+			mine++
+		}
+	}
+	h.sessions.mu.Unlock()
+	switch {
+	case mine >= h.Sessions.PerClient:
+		return mcp.NewToolResultError(fmt.Sprintf("This client has %d sessions open (sessions.per_client); close one with session_close first.", mine))
+	case all >= h.Sessions.Max:
+		return mcp.NewToolResultError(fmt.Sprintf("The server holds its maximum of %d sessions (sessions.max); retry later or use one-shot calls.", all))
+	}
+	return nil
 }
 
 func (h *Handlers) sessionArg(ctx context.Context, req mcp.CallToolRequest, tool string, extra ...string) (*sessionEntry, map[string]any, *mcp.CallToolResult) {
@@ -417,6 +437,7 @@ func (h *Handlers) useSession(e *sessionEntry) (done func()) {
 	h.sessions.mu.Lock()
 	e.busy++
 	e.calls++
+	e.paused = false
 	h.sessions.mu.Unlock()
 	return func() {
 		h.sessions.mu.Lock()

@@ -100,6 +100,12 @@ type Options struct {
 	PoolPreload []string
 	// Breaker stops sandbox creation while it keeps failing.
 	Breaker runtime.BreakerOptions
+	// Restore makes pooled sandboxes, and cold ones with PoolLimits, by
+	// restoring a checkpoint of a warm one (runc shim only).
+	Restore bool
+	// CheckpointBytes bounds the disk paused sessions' checkpoints take;
+	// past it the oldest paused sessions end. 0: no bound.
+	CheckpointBytes int64
 }
 
 // ContainerdManager runs each request in a new gVisor sandbox via containerd.
@@ -123,6 +129,15 @@ type ContainerdManager struct {
 	live   map[string]*sandbox
 	// teardowns are sandboxes being destroyed after their run answered.
 	teardowns runtime.Teardowns
+	// runsc's hash, for checkpoint manifests, computed once.
+	runscOnce sync.Once
+	runscSum  string
+	runscErr  error
+	// tmpl is the template sandboxes are restored from.
+	tmpl templates
+	// paused are the paused sessions this process serves, by id.
+	pausedMu sync.Mutex
+	paused   map[string]*session
 }
 
 // NewContainerd checks its options and starts watching for OOM events.
@@ -143,6 +158,7 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 		fifoDir:   FIFODir(o.StateDir, o.InstanceID),
 		breaker:   runtime.NewBreaker(o.Breaker),
 		live:      map[string]*sandbox{},
+		paused:    map[string]*session{},
 	}
 	if err := os.MkdirAll(m.fifoDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create fifo dir: %w", err)
@@ -182,6 +198,9 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	evCtx, cancel := context.WithCancel(namespaces.WithNamespace(context.WithoutCancel(ctx), o.Namespace))
 	m.stopEvents = cancel
 	go m.watchOOM(evCtx)
+	if o.Shim == ShimRunc {
+		go m.sweepCheckpointsEvery(evCtx, checkpointSweepEvery)
+	}
 	if o.PoolSize > 0 {
 		m.pool = newPool(m, o.PoolSize, o.PoolLimits, o.PoolMaxIdle)
 	}
@@ -370,6 +389,7 @@ func (m *ContainerdManager) Close(ctx context.Context) error {
 	if rerr := os.RemoveAll(m.fifoDir); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("remove fifo dir: %w", rerr))
 	}
+	err = errors.Join(err, m.removeTemplates())
 	if m.watch != nil {
 		err = errors.Join(err, m.watch.close())
 	}

@@ -202,22 +202,31 @@ func (p *Pool) stopping() bool {
 func (p *Pool) warmOne(networked bool) error {
 	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
 	defer cancel()
-	s, err := p.m.create(ctx, "w"+runtime.NewRunID()[1:], true, networked, p.limits)
-	if err != nil {
-		return err
+	sid := "w" + runtime.NewRunID()[1:]
+	var s *sandbox
+	if t := p.m.templateFor(networked, p.limits); t != nil {
+		s, _ = p.m.restoreWarm(ctx, t, sid, true, p.limits) // failed: it boots
 	}
-	p.setCPUShares(s.id, cpuSharesIdle)
-	h, err := s.waitHello(ctx)
-	if err != nil {
-		// Created but never ready: the sandbox did not start. (A preload
-		// that fails is the configuration's fault and opens nothing.)
-		p.m.breaker.Fail(fmt.Errorf("start pooled sandbox: %w", err))
-	} else if !h.Preloaded {
-		err = errString("worker preload failed: " + h.PreloadError)
-	}
-	if err != nil {
-		p.retire(s)
-		return err
+	if s != nil {
+		p.setCPUShares(s.id, cpuSharesIdle)
+	} else {
+		var err error
+		if s, err = p.m.create(ctx, sid, true, networked, p.limits); err != nil {
+			return err
+		}
+		p.setCPUShares(s.id, cpuSharesIdle)
+		h, err := s.waitHello(ctx)
+		if err != nil {
+			// Created but never ready: the sandbox did not start. (A preload
+			// that fails is the configuration's fault and opens nothing.)
+			p.m.breaker.Fail(fmt.Errorf("start pooled sandbox: %w", err))
+		} else if !h.Preloaded {
+			err = errString("worker preload failed: " + h.PreloadError)
+		}
+		if err != nil {
+			p.retire(s)
+			return err
+		}
 	}
 	if _, err := s.container.SetLabels(namespaces.WithNamespace(ctx, p.m.o.Namespace), map[string]string{LabelPool: "idle"}); err != nil {
 		p.retire(s)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -48,13 +47,16 @@ func startManager(t *testing.T, s *boot.Stack, ctx context.Context, o local.Opti
 }
 
 // poolManager starts a second manager on the test stack with a warm pool of
-// size n, and waits until it is full.
-func poolManager(t *testing.T, n, concurrency int) *local.ContainerdManager {
+// size n, and waits until it is full. With restore, its sandboxes are
+// restored from a template (but the first, which boots while the template
+// is made).
+func poolManager(t *testing.T, n, concurrency int, restore ...bool) *local.ContainerdManager {
 	t.Helper()
 	s := need(t)
 	ctx := namespaces.WithNamespace(context.Background(), s.Config.Containerd.Namespace)
 	o := managerOptions(t, s, slog.LevelWarn)
 	o.Concurrency, o.Queue = concurrency, 0
+	o.Restore = len(restore) > 0 && restore[0]
 	o.PoolSize, o.PoolLimits, o.PoolMaxIdle = n, s.Config.Limits.RunLimits(0), time.Hour
 	m := startManager(t, s, ctx, o)
 	waitReady(t, m, n)
@@ -109,7 +111,27 @@ print("stdin", repr(sys.stdin.read()))
 `
 
 func TestPoolIsIndistinguishable(t *testing.T) {
-	m := poolManager(t, 1, 4)
+	for _, restore := range []bool{false, true} {
+		t.Run(map[bool]string{false: "booted", true: "restored"}[restore], func(t *testing.T) {
+			poolIsIndistinguishable(t, restore)
+		})
+	}
+}
+
+func poolIsIndistinguishable(t *testing.T, restore bool) {
+	m := poolManager(t, 1, 4, restore)
+	if restore {
+		// The first pooled sandbox boots while the template is made; the
+		// next is restored.
+		if !local.WaitTemplate(m, 3*time.Minute) {
+			t.Fatal("no template")
+		}
+		poolRun(t, m, runtime.Shell, "true")
+		waitReady(t, m, 1)
+		if local.Restored(m) == 0 {
+			t.Fatal("the pool refilled by booting")
+		}
+	}
 	warm := poolRun(t, m, runtime.Python, probe)
 	if !warm.Warm {
 		t.Fatal("the first run after the pool filled was not warm")
@@ -122,19 +144,7 @@ func TestPoolIsIndistinguishable(t *testing.T) {
 		t.Fatalf("probe failed: cold %+v warm %+v", cold, warm)
 	}
 	if cold.Stdout != warm.Stdout {
-		cl, wl := strings.Split(cold.Stdout, "\n"), strings.Split(warm.Stdout, "\n")
-		for i := range max(len(cl), len(wl)) {
-			var c, w string
-			if i < len(cl) {
-				c = cl[i]
-			}
-			if i < len(wl) {
-				w = wl[i]
-			}
-			if c != w {
-				t.Errorf("cold: %s\nwarm: %s", c, w)
-			}
-		}
+		t.Errorf("a warm sandbox sees other than a cold one:\n%s", lineDiff(cold.Stdout, warm.Stdout, "cold", "warm"))
 	}
 	// The one documented difference: numpy and pandas are already imported.
 	waitReady(t, m, 1)

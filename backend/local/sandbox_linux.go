@@ -17,6 +17,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/airlock-mcp/airlock/metrics"
 	"github.com/airlock-mcp/airlock/runtime"
@@ -44,6 +45,8 @@ type sandbox struct {
 	logp atomic.Pointer[slog.Logger]
 
 	st *exchange.Stream
+	// spec is the OCI spec the sandbox runs with; a checkpoint keeps it.
+	spec *specs.Spec
 
 	mu        sync.Mutex
 	cleanups  []func(context.Context)
@@ -52,8 +55,9 @@ type sandbox struct {
 	// created and steps time the making of the sandbox, for Trace.
 	created time.Time
 	steps   map[string]float64
-	// pooled says the sandbox is made ahead for the warm pool.
-	pooled bool
+	// pooled says the sandbox is made ahead for the warm pool; restored,
+	// that it was restored from the template, not booted.
+	pooled, restored bool
 	// attempts are what runtime monitoring saw the code try (nil when it
 	// is off); violated is set at the first of a monitor.kill_on kind.
 	attempts *runtime.Attempts
@@ -70,14 +74,16 @@ func (s *sandbox) step(name string) {
 // namespace once). On error, everything acquired is released.
 func (m *ContainerdManager) create(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits) (s *sandbox, err error) {
 	err = m.breaker.Guard(ctx, func() error {
-		s, err = m.build(ctx, sid, preload, networked, lim)
+		s, err = m.build(ctx, sid, preload, networked, lim, nil)
 		return err
 	})
 	return s, err
 }
 
-// build is create without the breaker.
-func (m *ContainerdManager) build(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits) (_ *sandbox, err error) {
+// build is create without the breaker. With from set, the sandbox is
+// restored from that checkpoint with its spec instead of booted; its driver
+// then says hello only when asked (driver.FrameAttach).
+func (m *ContainerdManager) build(ctx context.Context, sid string, preload, networked bool, lim runtime.Limits, from *restorePoint) (_ *sandbox, err error) {
 	ctx = namespaces.WithNamespace(ctx, m.o.Namespace)
 	id := "airlock-" + sid
 	s := &sandbox{m: m, id: id, sid: sid,
@@ -125,6 +131,14 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 	if err != nil {
 		return nil, err
 	}
+	var taskOpts []containerd.NewTaskOpts
+	if from != nil {
+		// runsc restores only into the spec it checkpointed; the cgroup is
+		// the one thing that is this sandbox's own.
+		spec = from.specFor(policy.CgroupsPath)
+		taskOpts = append(taskOpts, containerd.WithRestoreImagePath(from.image))
+	}
+	s.spec = spec
 	labels := map[string]string{LabelInstance: m.o.InstanceID, LabelDeployment: m.o.DeploymentID, LabelRun: sid}
 	if preload {
 		labels[LabelPool] = "warming"
@@ -165,7 +179,7 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 		var stdinW, stdoutW *io.PipeWriter
 		stdinR, stdinW = io.Pipe()
 		stdoutR, stdoutW = io.Pipe()
-		task, err = container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)))
+		task, err = container.NewTask(ctx, cio.NewCreator(cio.WithStreams(stdinR, stdoutW, s.diag), cio.WithFIFODir(m.fifoDir)), taskOpts...)
 		if err == nil {
 			s.stdin, s.stdout = stdinW, stdoutW
 			s.st.SetInput(stdinW)
@@ -225,6 +239,14 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 	})
 	go s.st.Decode(stdoutR, func(driver.Hello) { s.started() }, s.log())
 	if err := task.Start(ctx); err != nil {
+		if from != nil {
+			// A task whose restore failed never ran: it is deleted as it
+			// is. The teardown's kill would wait for an exit that never
+			// comes.
+			if _, derr := task.Delete(context.WithoutCancel(ctx)); derr != nil {
+				s.log().Warn("delete task of a failed restore", "err", derr)
+			}
+		}
 		return nil, runtime.Infra("start sandbox", err)
 	}
 	if s.violated.Load() {
@@ -375,6 +397,9 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 		s = m.pool.take(ctx, networked, req.RunID)
 	}
 	warm := s != nil
+	if t := m.templateFor(networked, req.Limits); s == nil && t != nil {
+		s, _ = m.restoreWarm(ctx, t, req.RunID, false, req.Limits) // failed: it boots
+	}
 	if s == nil {
 		s, err = m.create(ctx, req.RunID, false, networked, req.Limits)
 		if err != nil {
@@ -413,7 +438,7 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	if networked {
 		res.EgressDenied = m.o.Proxy.Denials(req.RunID)
 	}
-	log.Info("run finished", "lang", req.Language, "warm", warm, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
+	log.Info("run finished", "lang", req.Language, "warm", warm, "restored", s.restored, "exit", res.ExitCode, "reason", res.Reason, "took", res.Duration, "total", time.Since(start))
 	return res, err
 }
 

@@ -69,6 +69,9 @@ func testConfig() config.Config {
 	cfg.Limits.Queue = 0
 	// Cold sandboxes here; pool_linux_test.go tests the pool on its own.
 	cfg.Pool.Size = 0
+	// Booted sandboxes here: template_linux_test.go tests restored ones
+	// against them.
+	cfg.Pool.Restore = false
 	return cfg
 }
 

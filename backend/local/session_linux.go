@@ -3,6 +3,9 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,15 +16,28 @@ import (
 )
 
 // session is one sandbox kept for many calls (see Session). One call at a
-// time.
+// time. A paused session has no sandbox: its checkpoint is on disk (see
+// pause_linux.go) and its next call restores it.
 type session struct {
 	m     *ContainerdManager
-	s     *sandbox
+	s     *sandbox // nil while paused
 	id    string
 	files map[string][]byte // proxy settings of a networked session
+	o     runtime.SessionOptions
+	// created, used and calls are what a checkpoint's manifest records.
+	created, used time.Time
+	calls         int
 
 	mu     sync.Mutex // one call at a time
 	closed bool
+	// why says why a session ended while paused (a damaged or evicted
+	// checkpoint); its next call is told.
+	why string
+	// While paused: the checkpoint's directory and manifest, and the lock
+	// that says this process serves it.
+	dir    string
+	mf     *manifest
+	unlock func()
 	// lost is read without mu: the reaper asks while a call holds it.
 	lost atomic.Bool
 }
@@ -36,12 +52,16 @@ func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOp
 	if m.pool != nil && m.pool.fits(o.Limits) {
 		s = m.pool.take(ctx, networked, o.ID)
 	}
+	if t := m.templateFor(networked, o.Limits); s == nil && t != nil {
+		s, _ = m.restoreWarm(ctx, t, o.ID, false, o.Limits) // failed: it boots
+	}
 	if s == nil {
 		if s, err = m.create(ctx, o.ID, false, networked, o.Limits); err != nil {
 			return nil, err
 		}
 	}
-	ss := &session{m: m, s: s, id: o.ID}
+	now := time.Now()
+	ss := &session{m: m, s: s, id: o.ID, o: o, created: now, used: now}
 	defer func() {
 		if err != nil {
 			ss.Close()
@@ -72,7 +92,7 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	}
 	defer ss.mu.Unlock()
 	if ss.closed {
-		return runtime.Result{RunID: req.RunID}, runtime.ErrSessionClosed
+		return runtime.Result{RunID: req.RunID}, ss.closedErr()
 	}
 	if req.RunID == "" {
 		req.RunID = runtime.NewRunID()
@@ -83,7 +103,14 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	}
 	defer release()
 	start := time.Now()
+	resumed, err := ss.resumeLocked(ctx)
+	if err != nil {
+		return runtime.Result{RunID: req.RunID}, err
+	}
+	ss.calls++
+	ss.used = time.Now()
 	res, err := ss.s.run(ctx, req, ss.files, true)
+	res.Resumed = resumed
 	err = ss.m.noteAttempts(ss.s, &res, err, true)
 	if ss.s.att != nil {
 		res.EgressDenied = ss.m.o.Proxy.TakeDenials(ss.id)
@@ -105,8 +132,20 @@ func (ss *session) File(ctx context.Context, op driver.FileOp) (driver.FileResul
 	}
 	defer ss.mu.Unlock()
 	if ss.closed {
-		return driver.FileResult{}, runtime.ErrSessionClosed
+		return driver.FileResult{}, ss.closedErr()
 	}
+	if ss.s == nil {
+		release, err := ss.m.admission.Acquire(ctx)
+		if err != nil {
+			return driver.FileResult{}, err
+		}
+		_, err = ss.resumeLocked(ctx)
+		release()
+		if err != nil {
+			return driver.FileResult{}, err
+		}
+	}
+	ss.used = time.Now()
 	res, err := ss.s.st.FileOp(ctx, op)
 	if errors.Is(err, exchange.ErrStreamEnded) {
 		ss.lost.Store(true)
@@ -131,5 +170,56 @@ func (ss *session) closeLocked() {
 		return
 	}
 	ss.closed = true
-	ss.m.teardowns.Start(ss.s.destroy, nil)
+	if ss.s != nil {
+		ss.m.teardowns.Start(ss.s.destroy, nil)
+		return
+	}
+	ss.dropCheckpoint()
+}
+
+// closedErr is the error of a call to a session that has ended.
+func (ss *session) closedErr() error {
+	if ss.why != "" {
+		return fmt.Errorf("%w: %s", runtime.ErrSessionClosed, ss.why)
+	}
+	return runtime.ErrSessionClosed
+}
+
+// Release, at shutdown, keeps a paused session's checkpoint for the next
+// airlock on this state_dir (see AdoptSession); a running session is
+// closed.
+func (ss *session) Release() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.s == nil && !ss.closed {
+		ss.closed = true
+		ss.m.forgetPaused(ss)
+		if ss.unlock != nil {
+			ss.unlock()
+			ss.unlock = nil
+		}
+		return
+	}
+	ss.closeLocked()
+}
+
+// checkpointDir is where the session's checkpoint lives while paused.
+func (ss *session) checkpointDir() string {
+	return filepath.Join(CheckpointsDir(ss.m.o.StateDir, ss.m.o.DeploymentID), ss.id)
+}
+
+// dropCheckpoint deletes a paused session's checkpoint and lets go of it.
+func (ss *session) dropCheckpoint() {
+	ss.m.forgetPaused(ss)
+	if ss.dir != "" {
+		if err := os.RemoveAll(ss.dir); err != nil {
+			ss.m.o.Log.Warn("remove session checkpoint", "session", ss.id, "err", err)
+		}
+		ss.dir, ss.mf = "", nil
+	}
+	if ss.unlock != nil {
+		_ = os.Remove(ss.checkpointDir() + ".lock")
+		ss.unlock()
+		ss.unlock = nil
+	}
 }

@@ -193,11 +193,22 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			return failStart(stderr, err)
 		}
 	}
-	for err == nil && (t == FrameAttach || t == FrameEgress) {
-		if t == FrameEgress {
+	for err == nil && (t == FrameAttach || t == FrameEgress || t == FrameRestored) {
+		switch t {
+		case FrameEgress:
 			d.setEgress(p)
-		} else if err := d.out.writeJSON(FrameHello, hello.AnswerAttach(p)); err != nil {
-			return 3
+		case FrameRestored:
+			// The worker's next command comes after this one in its pipe.
+			if d.worker != nil {
+				cmd, _ := json.Marshal(map[string]bool{"restored": true, "touch": string(p) == "touch"})
+				if _, werr := d.worker.ctl.Write(append(cmd, '\n')); werr != nil {
+					fmt.Fprintf(stderr, "airlock-driver: tell the worker it was restored: %v\n", werr)
+				}
+			}
+		default:
+			if err := d.out.writeJSON(FrameHello, hello.AnswerAttach(p)); err != nil {
+				return 3
+			}
 		}
 		t, p, err = in.Next()
 	}

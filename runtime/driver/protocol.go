@@ -61,6 +61,13 @@ const (
 	// (--egress-relay) sends to from now on; payload "IP:port". A host
 	// that takes a networked session over sends its own.
 	FrameEgress byte = 'N'
+	// FrameRestored (host → driver), before any work: this sandbox was
+	// restored from a checkpoint other sandboxes are restored from too.
+	// The warm worker reseeds its random generators (the kernel's entropy
+	// is the sandbox's own); with payload "touch" it also touches its
+	// memory back in (a pooled sandbox, which waits: not on the first
+	// cell's path).
+	FrameRestored byte = 'r'
 )
 
 // MaxFrame bounds a frame's payload. The host refuses larger frames, so a

@@ -55,7 +55,7 @@ describe('airlock over stdio (one server)', { timeout: 15 * 60_000 }, () => {
     const { tools } = await srv.client.listTools();
     const byName = Object.fromEntries(tools.map((t) => [t.name, t]));
     assert.deepEqual(Object.keys(byName).sort(), ['cancel_run', 'list_files', 'list_runs', 'read_file', 'run_python', 'run_shell',
-      'session_close', 'session_create', 'session_list', 'write_file']);
+      'session_close', 'session_create', 'session_fork', 'session_list', 'session_pause', 'write_file']);
     // The run registry's tools: list_runs only reads, cancel_run needs a run id.
     assert.deepEqual(byName.cancel_run.inputSchema.required, ['run_id']);
     for (const [name, readOnly] of [['list_runs', true], ['cancel_run', false]]) {

@@ -47,7 +47,7 @@ describe('hosted mode: streamable HTTP and SSE with tokens', { timeout: 15 * 60_
       try {
         const { tools } = await c.listTools();
         assert.deepEqual(tools.map((t) => t.name).sort(), ['cancel_run', 'list_files', 'list_runs', 'read_file', 'run_python', 'run_shell',
-          'session_close', 'session_create', 'session_list', 'write_file']);
+          'session_close', 'session_create', 'session_fork', 'session_list', 'session_pause', 'write_file']);
         const r = await callWith(c, 'run_python', { code: `print(6 * 7, "${kind}")` });
         assert.equal(r.isError, false, r.text);
         assert.equal(r.sc.stdout, `42 ${kind}\n`);

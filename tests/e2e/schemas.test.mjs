@@ -29,7 +29,7 @@ test('tools/list passes the Inspector --strict schema check with no errors or wa
     assert.doesNotMatch(said, /Warning|Error|warnings across/, `the strict check found problems:\n${said}`);
     const names = JSON.parse(stdout).tools.map((t) => t.name).sort();
     assert.deepEqual(names, ['cancel_run', 'list_files', 'list_runs', 'read_file', 'run_python', 'run_shell',
-      'session_close', 'session_create', 'session_list', 'write_file']);
+      'session_close', 'session_create', 'session_fork', 'session_list', 'session_pause', 'write_file']);
     const run = JSON.parse(stdout).tools.find((t) => t.name === 'run_python');
     assert.equal(run.outputSchema.properties.attempts.type, 'array', 'the output schema lists were checked');
   } finally {

@@ -229,29 +229,31 @@ func (s *Stack) ManagerOptions(img containerd.Image, log *slog.Logger) (local.Op
 	}
 	runsc, _ = filepath.Abs(runsc)
 	return local.Options{
-		Client:       s.Client,
-		Namespace:    cfg.Containerd.Namespace,
-		Image:        img,
-		Runsc:        runsc,
-		RunscFlags:   cfg.Runtime.RunscFlags,
-		DirectFS:     cfg.Runtime.DirectFS,
-		Monitor:      cfg.Monitor.Enabled,
-		KillOn:       cfg.Monitor.KillOn,
-		InstanceID:   s.Instance.ID,
-		DeploymentID: s.Deployment,
-		StateDir:     cfg.StateDir,
-		UID:          uint32(cfg.Sandbox.UID),
-		GID:          uint32(cfg.Sandbox.GID),
-		Env:          cfg.Sandbox.Env,
-		Concurrency:  cfg.Limits.Concurrency,
-		Queue:        cfg.Limits.Queue,
-		QueueWait:    cfg.Limits.QueueWait(),
-		PoolSize:     cfg.Pool.Size,
-		PoolLimits:   cfg.Limits.RunLimits(0),
-		PoolMaxIdle:  cfg.Pool.MaxIdleAge,
-		PoolPreload:  cfg.Pool.Preload,
-		Breaker:      runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
-		Log:          log,
+		Client:          s.Client,
+		Namespace:       cfg.Containerd.Namespace,
+		Image:           img,
+		Runsc:           runsc,
+		RunscFlags:      cfg.Runtime.RunscFlags,
+		DirectFS:        cfg.Runtime.DirectFS,
+		Monitor:         cfg.Monitor.Enabled,
+		KillOn:          cfg.Monitor.KillOn,
+		InstanceID:      s.Instance.ID,
+		DeploymentID:    s.Deployment,
+		StateDir:        cfg.StateDir,
+		UID:             uint32(cfg.Sandbox.UID),
+		GID:             uint32(cfg.Sandbox.GID),
+		Env:             cfg.Sandbox.Env,
+		Concurrency:     cfg.Limits.Concurrency,
+		Queue:           cfg.Limits.Queue,
+		QueueWait:       cfg.Limits.QueueWait(),
+		PoolSize:        cfg.Pool.Size,
+		PoolLimits:      cfg.Limits.RunLimits(0),
+		PoolMaxIdle:     cfg.Pool.MaxIdleAge,
+		CheckpointBytes: int64(cfg.Sessions.CheckpointMB) << 20,
+		Restore:         cfg.Pool.Restore,
+		PoolPreload:     cfg.Pool.Preload,
+		Breaker:         runtime.BreakerOptions{Failures: cfg.Breaker.Failures, Window: cfg.Breaker.Window, Cooldown: cfg.Breaker.Cooldown},
+		Log:             log,
 	}, nil
 }
 
@@ -401,7 +403,7 @@ func (s *Stack) deadInstance(id string) bool {
 // removeDeadInstanceDirs removes the stdio pipe and runtime monitoring
 // dirs of instances that died.
 func (s *Stack) removeDeadInstanceDirs() {
-	for _, parent := range []string{filepath.Join(s.Config.StateDir, "fifo"), local.MonitorDir(s.Config.StateDir)} {
+	for _, parent := range []string{filepath.Join(s.Config.StateDir, "fifo"), local.MonitorDir(s.Config.StateDir), local.TemplatesDir(s.Config.StateDir)} {
 		entries, _ := os.ReadDir(parent)
 		for _, e := range entries {
 			if s.deadInstance(e.Name()) {
