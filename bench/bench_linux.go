@@ -31,15 +31,15 @@ const (
 	ModeMCPCold = "mcp-cold"
 	ModeMCPWarm = "mcp-warm"
 	// ModeRestore is a cold sandbox (no pool) restored from the template,
-	// not booted; ModeWarmBoot the pool refilled by booting, as before
-	// restores; ModeResume a paused session's next call.
-	ModeRestore  = "gvisor-restore"
-	ModeWarmBoot = "gvisor-warm-boot"
-	ModeResume   = "session-resume"
+	// not booted; ModeWarmRestore the pool refilled by restoring it
+	// (pool.restore); ModeResume a paused session's next call.
+	ModeRestore     = "gvisor-restore"
+	ModeWarmRestore = "gvisor-warm-restore"
+	ModeResume      = "session-resume"
 )
 
 // AllModes are every mode, floor first.
-var AllModes = []string{ModeNative, ModeRunc, ModeCold, ModeRestore, ModeWarm, ModeWarmBoot, ModeResume, ModeMCPCold, ModeMCPWarm}
+var AllModes = []string{ModeNative, ModeRunc, ModeCold, ModeRestore, ModeWarm, ModeWarmRestore, ModeResume, ModeMCPCold, ModeMCPWarm}
 
 // The safety variants: gvisor-cold and gvisor-warm with runtime monitoring
 // off, or with runsc's directfs on, each compared with the configured
@@ -68,12 +68,12 @@ var variants = map[string]struct {
 }{
 	ModeCold:          {false, variant{}},
 	ModeRestore:       {false, variant{restore: true}},
-	ModeWarm:          {true, variant{restore: true}},
-	ModeWarmBoot:      {true, variant{}},
+	ModeWarm:          {true, variant{}},
+	ModeWarmRestore:   {true, variant{restore: true}},
 	ModeColdNoMonitor: {false, variant{noMonitor: true}},
-	ModeWarmNoMonitor: {true, variant{noMonitor: true, restore: true}},
+	ModeWarmNoMonitor: {true, variant{noMonitor: true}},
 	ModeColdDirectFS:  {false, variant{directFS: true}},
-	ModeWarmDirectFS:  {true, variant{directFS: true, restore: true}},
+	ModeWarmDirectFS:  {true, variant{directFS: true}},
 }
 
 // Options say what to measure.
@@ -329,7 +329,7 @@ func newRunner(ctx context.Context, s *boot.Stack, kenv *kubeEnv, mode, rootfs s
 			return nil, err
 		}
 		return newSessionRunner(ctx, m, lim, maxC)
-	case ModeCold, ModeWarm, ModeColdNoMonitor, ModeWarmNoMonitor, ModeColdDirectFS, ModeWarmDirectFS, ModeRestore, ModeWarmBoot:
+	case ModeCold, ModeWarm, ModeColdNoMonitor, ModeWarmNoMonitor, ModeColdDirectFS, ModeWarmDirectFS, ModeRestore, ModeWarmRestore:
 		if v := variants[mode].v; (v.noMonitor || v.directFS || v.restore) && s.Shim != local.ShimRunc {
 			return nil, fmt.Errorf("runtime monitoring, directfs and restores go through the runc shim's runsc wrapper; shim %s has none", s.Shim)
 		}

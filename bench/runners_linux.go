@@ -241,10 +241,8 @@ func newMCPRunner(ctx context.Context, bin, stateDir string, poolSize, concurren
 	}
 	before := instances(stateDir)
 	// Debug level for the server's "call steps" lines, read from its stderr.
-	// A warm pool refills by restoring its template (the default); cold
-	// sandboxes boot, as mcp-cold always measured.
-	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: debug, format: json}\npool: {size: %d, restore: %t}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
-		strconv.Quote(stateDir), poolSize, poolSize > 0, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
+	cfg := fmt.Sprintf("state_dir: %s\nlog: {level: debug, format: json}\npool: {size: %d}\nlimits: {concurrency: %d, queue: %d, per_client_concurrency: %d, per_client_runs_per_minute: 1000000}\naudit: {path: %s}\napproval: {mode: off}\n",
+		strconv.Quote(stateDir), poolSize, concurrency, 2*concurrency, 2*concurrency, strconv.Quote(filepath.Join(dir, "audit.jsonl")))
 	if kenv != nil {
 		cfg += kenv.mcpConfig()
 	}

@@ -444,7 +444,7 @@ func Defaults() Config {
 		},
 		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100, SealEvery: 100},
 		Monitor:  MonitorConfig{Enabled: true, KillOn: []string{}},
-		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}, Restore: true},
+		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}, Restore: false},
 		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16, PauseAfter: 2 * time.Minute, CheckpointMB: 4096},
 		Files:    FilesConfig{MaxFileMB: 8},
 		Rich:     RichConfig{DisplayKB: 64, MaxImages: 4, ImageKB: 1024, MaxFiles: 100, EmbedKB: 64, EmbedTotalKB: 256},

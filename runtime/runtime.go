@@ -192,6 +192,14 @@ type SessionAdopter interface {
 	AdoptSession(ctx context.Context, id, owner string) (Session, SessionRecord, error)
 }
 
+// SessionLister is a SessionAdopter that can list the sessions another
+// process left for an owner (paused ones, locally).
+type SessionLister interface {
+	SessionAdopter
+	// LeftSessions are the ids of owner's sessions no process serves.
+	LeftSessions(owner string) []string
+}
+
 // SessionReleaser is a Session that can outlive this process. Release,
 // at shutdown, ends this process's hold on it: the sandbox is kept, with
 // its state, for another process to adopt at the client's next call when

@@ -408,6 +408,15 @@ func (h *Handlers) sessionList(ctx context.Context, req mcp.CallToolRequest) (*m
 		return mcp.NewToolResultError("session_list takes no arguments"), nil
 	}
 	caller := CallerFrom(ctx).ID
+	// Paused sessions an earlier airlock left for this client are taken
+	// over now, so the list shows them.
+	if l, ok := h.Manager.(runtime.SessionLister); ok {
+		for _, id := range l.LeftSessions(caller) {
+			if _, err := h.findSession(ctx, id, caller); err != nil {
+				h.Log.Warn("paused session not taken over", "session", id, "err", err)
+			}
+		}
+	}
 	out := SessionList{Sessions: []SessionInfo{}}
 	h.sessions.mu.Lock()
 	for _, e := range h.sessions.m {

@@ -289,6 +289,32 @@ func (m *ContainerdManager) sweepCheckpointsEvery(ctx context.Context, d time.Du
 	}
 }
 
+// LeftSessions lists owner's paused sessions that no airlock serves: a
+// restarted airlock's, which AdoptSession takes over.
+func (m *ContainerdManager) LeftSessions(owner string) []string {
+	if m.o.Shim != ShimRunc {
+		return nil
+	}
+	base := CheckpointsDir(m.o.StateDir, m.o.DeploymentID)
+	entries, _ := os.ReadDir(base)
+	var ids []string
+	for _, e := range entries {
+		if !e.IsDir() || !sessionID.MatchString(e.Name()) {
+			continue
+		}
+		m.pausedMu.Lock()
+		_, mine := m.paused[e.Name()]
+		m.pausedMu.Unlock()
+		if mine {
+			continue
+		}
+		if mf, err := readManifest(filepath.Join(base, e.Name())); err == nil && mf.Owner == owner {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids
+}
+
 // sweepCheckpoints removes what a restart left in the checkpoints dir
 // that nobody will resume: half-written checkpoints, and paused sessions
 // past their idle timeout or lifetime that no airlock serves.

@@ -61,6 +61,8 @@ describe('paused sessions (stdio)', { timeout: 10 * 60_000 }, () => {
     await a.close();
 
     const b = await start('pause-b', ['sessions: {pause_after: 0s}']);
+    // The new airlock lists it before any call, still paused.
+    assert.equal((await listed(b, id))?.paused, true, 'session_list after the restart shows the paused session');
     const r2 = await b.python('(x + 1, os.getcwd(), open("f.txt").read())', { session_id: id });
     assert.equal(r2.isError, false, r2.text);
     assert.equal(r2.sc.display, "(42, '/workspace/d', 'kept')");
