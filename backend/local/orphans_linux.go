@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/containerd/containerd/api/services/tasks/v1"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"golang.org/x/sys/unix"
@@ -87,7 +88,11 @@ type runscProc struct {
 
 // runscProcesses lists the runsc processes on this host, of every
 // deployment: callers pick theirs by the --root and --bundle flags.
-func runscProcesses() []runscProc {
+func runscProcesses() []runscProc { return processesOf("runsc") }
+
+// processesOf lists the processes whose executable's name starts with
+// prefix, with their arguments.
+func processesOf(prefix string) []runscProc {
 	var out []runscProc
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
@@ -96,7 +101,7 @@ func runscProcesses() []runscProc {
 			continue
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if !strings.HasPrefix(filepath.Base(args[0]), "runsc") {
+		if !strings.HasPrefix(filepath.Base(args[0]), prefix) {
 			continue
 		}
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
@@ -188,4 +193,64 @@ func RemoveRunscRoot(ctx context.Context, client *containerd.Client, namespace, 
 		return false, fmt.Errorf("remove runsc root: %w", err)
 	}
 	return true, nil
+}
+
+// RemoveOrphanTasks ends the shims of namespace's sandbox tasks whose
+// container is gone, and returns how many it ended. An airlock killed while
+// it made a sandbox (a restore, most often) can leave a task whose creation
+// finished after a sweep removed its container: no state of airlock's has a
+// task without its container, a container-based sweep never sees it, and
+// containerd's task API needs the container to delete it. Killing its shim
+// makes containerd clean it up: the shim's delete removes runsc's state and
+// the rootfs mount. Such a task is nobody's, whichever deployment made it.
+func RemoveOrphanTasks(ctx context.Context, client *containerd.Client, namespace string) (int, error) {
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	resp, err := client.TaskService().List(ctx, &tasks.ListTasksRequest{})
+	if err != nil {
+		return 0, fmt.Errorf("list tasks: %w", err)
+	}
+	// Containers after tasks: a container exists before its task, so one
+	// listed as a task and not as a container is an orphan.
+	cs, err := client.ContainerService().List(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("list containers: %w", err)
+	}
+	have := map[string]bool{}
+	for _, c := range cs {
+		have[c.ID] = true
+	}
+	n := 0
+	for _, t := range resp.Tasks {
+		if !strings.HasPrefix(t.ID, "airlock-") || have[t.ID] {
+			continue
+		}
+		for _, pid := range shimPIDs(namespace, t.ID) {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// shimPIDs are the pids of the containerd shims serving task id in
+// namespace.
+func shimPIDs(namespace, id string) []int {
+	var out []int
+	for _, p := range processesOf("containerd-shim") {
+		if shimArg(p.args, "namespace") == namespace && shimArg(p.args, "id") == id {
+			out = append(out, p.pid)
+		}
+	}
+	return out
+}
+
+// shimArg is the value of a shim's flag name ("-name value").
+func shimArg(args []string, name string) string {
+	for i, a := range args {
+		if (a == "-"+name || a == "--"+name) && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }

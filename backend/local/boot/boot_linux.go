@@ -348,6 +348,7 @@ func (s *Stack) Sweep(ctx context.Context) int {
 			removed = n
 			return n, err
 		}},
+		{"orphaned sandbox tasks", func() (int, error) { return local.RemoveOrphanTasks(ctx, s.Client, ns) }},
 		{"orphaned sandbox processes", func() (int, error) {
 			return local.RemoveOrphanSandboxProcesses(ctx, s.Client, ns, s.Deployment)
 		}},
