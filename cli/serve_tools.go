@@ -21,7 +21,7 @@ func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func()
 		Manager: s.Manager, Limits: cfg.Limits, Log: a.log,
 		Egress: s.Egress, DefaultNetwork: cfg.Network.Mode,
 		AuditCode: cfg.Audit.IncludeCode,
-		Sessions:  cfg.Sessions, Files: cfg.Files, Rich: cfg.Rich,
+		Sessions:  cfg.Sessions, Files: cfg.Files, Rich: cfg.Rich, Tasks: cfg.Tasks,
 	}
 	metrics.SetSessionsActive(h.SessionsActive)
 	var closers []func()

@@ -47,6 +47,7 @@ type Config struct {
 	Pool       PoolConfig       `mapstructure:"pool"`
 	Sessions   SessionsConfig   `mapstructure:"sessions"`
 	Files      FilesConfig      `mapstructure:"files"`
+	Tasks      TasksConfig      `mapstructure:"tasks"`
 	Rich       RichConfig       `mapstructure:"rich"`
 	Server     ServerConfig     `mapstructure:"server"`
 	TLS        TLSConfig        `mapstructure:"tls"`
@@ -101,6 +102,14 @@ type SessionsConfig struct {
 	// CheckpointMB bounds the disk paused sessions take; the oldest
 	// paused sessions end first past it.
 	CheckpointMB int `mapstructure:"checkpoint_mb"`
+}
+
+// TasksConfig bounds the runs clients make MCP tasks of.
+type TasksConfig struct {
+	// ResultTTL is how long a task's result is kept after its run ends.
+	ResultTTL time.Duration `mapstructure:"result_ttl"`
+	// MaxKept bounds the ended tasks kept per client; the oldest go first.
+	MaxKept int `mapstructure:"max_kept"`
 }
 
 // FilesConfig bounds write_file and read_file; the workspace as a whole is
@@ -444,9 +453,10 @@ func Defaults() Config {
 		},
 		Audit:    AuditConfig{Enabled: true, IncludeCode: true, MaxMB: 100, SealEvery: 100},
 		Monitor:  MonitorConfig{Enabled: true, KillOn: []string{}},
-		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}, Restore: false},
+		Pool:     PoolConfig{Size: 2, MaxIdleAge: 10 * time.Minute, Preload: []string{"numpy", "pandas"}, Restore: true},
 		Sessions: SessionsConfig{IdleTimeout: 10 * time.Minute, MaxLifetime: 2 * time.Hour, PerClient: 4, Max: 16, PauseAfter: 2 * time.Minute, CheckpointMB: 4096},
 		Files:    FilesConfig{MaxFileMB: 8},
+		Tasks:    TasksConfig{ResultTTL: 15 * time.Minute, MaxKept: 100},
 		Rich:     RichConfig{DisplayKB: 64, MaxImages: 4, ImageKB: 1024, MaxFiles: 100, EmbedKB: 64, EmbedTotalKB: 256},
 		Breaker:  BreakerConfig{Failures: 5, Window: time.Minute, Cooldown: 30 * time.Second},
 		Server: ServerConfig{
@@ -545,6 +555,8 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("sessions.per_client", d.Sessions.PerClient)
 	v.SetDefault("sessions.max", d.Sessions.Max)
 	v.SetDefault("sessions.pause_after", d.Sessions.PauseAfter)
+	v.SetDefault("tasks.result_ttl", d.Tasks.ResultTTL)
+	v.SetDefault("tasks.max_kept", d.Tasks.MaxKept)
 	v.SetDefault("sessions.checkpoint_mb", d.Sessions.CheckpointMB)
 	v.SetDefault("files.max_file_mb", d.Files.MaxFileMB)
 	v.SetDefault("rich.display_kb", d.Rich.DisplayKB)
@@ -670,6 +682,7 @@ func (c Config) Validate() error {
 		{c.Sessions.IdleTimeout >= time.Second && c.Sessions.MaxLifetime >= c.Sessions.IdleTimeout,
 			"sessions.idle_timeout must be at least 1s and sessions.max_lifetime at least that (write them with units: 10m, 2h)"},
 		{c.Sessions.PerClient >= 0 && c.Sessions.Max >= c.Sessions.PerClient, "sessions.per_client must not be negative, and sessions.max at least that (0 turns sessions off)"},
+		{c.Tasks.ResultTTL >= time.Second && c.Tasks.MaxKept >= 1, "tasks.result_ttl must be at least 1s and tasks.max_kept at least 1"},
 		{c.Sessions.PauseAfter >= 0 && c.Sessions.CheckpointMB >= 1, "sessions.pause_after must not be negative (0 never pauses), and sessions.checkpoint_mb must be at least 1"},
 		{c.Files.MaxFileMB >= 1 && c.Files.MaxFileMB <= 16, "files.max_file_mb must be between 1 and 16"},
 		{c.Rich.DisplayKB >= 1 && c.Rich.MaxImages >= 0 && c.Rich.ImageKB >= 1 && c.Rich.MaxFiles >= 0 && c.Rich.EmbedKB >= 0 && c.Rich.EmbedTotalKB >= c.Rich.EmbedKB && c.Rich.ImageKB*c.Rich.MaxImages <= 16<<10,

@@ -24,12 +24,13 @@ const Instructions = "airlock runs Python and shell code in isolated, single-use
 
 // New returns an MCP server with airlock's tools registered.
 func New(version string, h *tools.Handlers) *server.MCPServer {
-	s := server.NewMCPServer("airlock", version,
+	s := server.NewMCPServer("airlock", version, append([]server.ServerOption{
 		server.WithToolCapabilities(false),
 		server.WithInstructions(Instructions),
 		server.WithRecovery(),
 		server.WithLogging(),
-	)
+		tools.AppsExtension(),
+	}, h.ServerOptions()...)...)
 	h.Register(s)
 	return s
 }

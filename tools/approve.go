@@ -48,7 +48,7 @@ func (c *call) approve(ctx context.Context, req mcp.CallToolRequest, areq approv
 	canElicit, modern := clientElicitation(ctx)
 	switch {
 	case canElicit && modern:
-		return c.askRoundTrip(areq, info)
+		return c.askRoundTrip(ctx, areq, info)
 	case canElicit:
 		return c.askElicitation(ctx, areq, info)
 	case g.ConsoleOn():
@@ -83,7 +83,7 @@ func clientElicitation(ctx context.Context) (can, modern bool) {
 // askRoundTrip opens a pending request and hands the question to the
 // client; the retry carrying the answer comes back through resume. If no
 // retry comes before the request expires, the expiry is recorded then.
-func (c *call) askRoundTrip(areq approval.Request, info approval.Info) *mcp.CallToolResult {
+func (c *call) askRoundTrip(ctx context.Context, areq approval.Request, info approval.Info) *mcp.CallToolResult {
 	g := c.h.Gate
 	info.Channel, info.RoundTrip = approval.ChannelElicitation, true
 	p := g.Open(areq, info)
@@ -93,7 +93,7 @@ func (c *call) askRoundTrip(areq approval.Request, info approval.Info) *mcp.Call
 	c.h.deferRecord(p, rec)
 	c.written = true // recorded by the retry, or by the expiry
 	c.h.Log.Info("asking the client's user for approval", "approval", p.ID, "tool", c.tool, "client", c.caller.ID, "protocol", "input request")
-	return server.NewInputRequestBuilder(p.ID).Elicit(approvalInputID, elicitParams(p)).ToolResult()
+	return server.NewInputRequestBuilder(p.ID).Elicit(approvalInputID, elicitParams(ctx, p)).ToolResult()
 }
 
 // resume handles the retry of a call that asked for input: the request
@@ -132,9 +132,10 @@ func (c *call) askElicitation(ctx context.Context, areq approval.Request, info a
 	c.h.Log.Info("asking the client's user for approval", "approval_ref", approval.Ref(p.ID), "tool", c.tool, "client", c.caller.ID, "protocol", "elicitation/create")
 	ectx, cancel := context.WithDeadline(ctx, p.Expires)
 	defer cancel()
+	defer c.h.tasks.asking(taskFrom(ctx))()
 	res, err := c.h.server.RequestElicitation(ectx, mcp.ElicitationRequest{
 		Request: mcp.Request{Method: string(mcp.MethodElicitationCreate)},
-		Params:  elicitParams(p),
+		Params:  elicitParams(ctx, p),
 	})
 	var derr error
 	switch {
@@ -200,8 +201,8 @@ func accepted(r *mcp.ElicitationResult) bool {
 }
 
 // elicitParams is the question a client shows its user.
-func elicitParams(p *approval.Pending) mcp.ElicitationParams {
-	return mcp.ElicitationParams{
+func elicitParams(ctx context.Context, p *approval.Pending) mcp.ElicitationParams {
+	params := mcp.ElicitationParams{
 		Mode:    mcp.ElicitationModeForm,
 		Message: approval.Describe(p),
 		RequestedSchema: map[string]any{
@@ -217,6 +218,10 @@ func elicitParams(p *approval.Pending) mcp.ElicitationParams {
 			"required": []string{"approve"},
 		},
 	}
+	if clientRendersApprovalApp(ctx) {
+		params = withApprovalApp(params, p)
+	}
+	return params
 }
 
 // deferRecord arranges for rec to be written when p expires unclaimed.

@@ -157,7 +157,11 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	}
 	h.runs.setState(c.rec.ID, StateRunning)
 	rreq := runtime.Request{RunID: c.rec.ID, Language: lang, Code: args.Code, Limits: limits, Egress: pol, Rich: h.richCaps()}
-	prog := newProgress(ctx, h.server, req, c.rec.ID, h.progressInterval())
+	var status func(string)
+	if t := taskFrom(ctx); t != nil {
+		status = func(text string) { h.tasks.note(t, text) }
+	}
+	prog := newProgress(ctx, h.server, req, c.rec.ID, h.progressInterval(), status)
 	if prog != nil {
 		rreq.Output = prog.Output
 	}

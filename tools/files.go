@@ -72,7 +72,7 @@ func (h *Handlers) registerFileTools(s *server.MCPServer) {
 		mcp.WithReadOnlyHintAnnotation(false), mcp.WithDestructiveHintAnnotation(true),
 		mcp.WithIdempotentHintAnnotation(true), mcp.WithOpenWorldHintAnnotation(false),
 	}
-	s.AddTool(mcp.NewTool("write_file", write...), h.safe("write_file", h.writeFile))
+	s.AddTool(mcp.NewTool("write_file", append(write, mcp.WithTaskSupport(mcp.TaskSupportOptional))...), h.taskable(h.safe("write_file", h.writeFile)))
 	s.AddTool(mcp.NewTool("read_file",
 		mcp.WithDescription(fmt.Sprintf("Read a file from a session's /workspace. Text comes back as utf-8, anything else as base64. At most max_bytes (default and maximum %d MiB) are returned.", h.Files.MaxFileMB)),
 		mcp.WithString("session_id", mcp.Required()),

@@ -29,10 +29,13 @@ const (
 // batched and sent at most once per interval, from its own goroutine, so a
 // flooding sandbox neither blocks its output copier nor floods the client.
 type progress struct {
-	srv      *server.MCPServer
-	ctx      context.Context
-	token    mcp.ProgressToken
-	runID    string
+	srv   *server.MCPServer
+	ctx   context.Context
+	token mcp.ProgressToken
+	runID string
+	// status, for a run that is a task, takes the output too: the task's
+	// status shows it.
+	status   func(string)
 	interval time.Duration
 
 	mu      sync.Mutex
@@ -46,14 +49,16 @@ type progress struct {
 }
 
 // newProgress starts streaming for one call, or returns nil when the
-// client can receive neither kind of notification.
-func newProgress(ctx context.Context, srv *server.MCPServer, req mcp.CallToolRequest, runID string, interval time.Duration) *progress {
-	if srv == nil || server.ClientSessionFromContext(ctx) == nil {
+// client can receive neither kind of notification and the call is no task.
+// A task's call was answered already, so its output goes to status (and
+// log messages), not to progress notifications of that call.
+func newProgress(ctx context.Context, srv *server.MCPServer, req mcp.CallToolRequest, runID string, interval time.Duration, status func(string)) *progress {
+	if srv == nil || (server.ClientSessionFromContext(ctx) == nil && status == nil) {
 		return nil
 	}
-	p := &progress{srv: srv, ctx: ctx, runID: runID, interval: interval,
+	p := &progress{srv: srv, ctx: ctx, runID: runID, interval: interval, status: status,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
-	if req.Params.Meta != nil {
+	if req.Params.Meta != nil && status == nil {
 		p.token = req.Params.Meta.ProgressToken
 	}
 	go p.loop()
@@ -144,12 +149,18 @@ func (p *progress) flush() {
 
 func (p *progress) send(stream runtime.Stream, level mcp.LoggingLevel, text string) {
 	p.sent += int64(len(text))
+	if p.status != nil {
+		p.status(text)
+	}
 	if p.token != nil {
 		_ = p.srv.SendNotificationToClient(p.ctx, string(mcp.MethodNotificationProgress), map[string]any{
 			"progressToken": p.token,
 			"progress":      p.sent,
 			"message":       fmt.Sprintf("[%s %s] %s", p.runID, stream, text),
 		})
+	}
+	if server.ClientSessionFromContext(p.ctx) == nil {
+		return
 	}
 	_ = p.srv.SendLogMessageToClient(p.ctx, mcp.NewLoggingMessageNotification(level, "airlock/"+string(stream), map[string]any{
 		"run_id": p.runID, "stream": string(stream), "text": text,

@@ -118,6 +118,10 @@ type Handlers struct {
 	deferred   map[string]deferredRecord
 	runs       runs
 	sessions   sessions
+	tasks      taskRegistry
+
+	// Tasks bound the runs clients make tasks of.
+	Tasks config.TasksConfig
 }
 
 func (h *Handlers) progressInterval() time.Duration {
@@ -132,8 +136,9 @@ func (h *Handlers) Register(s *server.MCPServer) {
 	h.server = s
 	h.registerRunTools(s)
 	h.registerSessionTools(s)
-	s.AddTool(h.tool("run_python", "code", pythonDescription(h.Limits), "Run Python"), h.handler("run_python", "code", runtime.Python))
-	s.AddTool(h.tool("run_shell", "command", shellDescription(h.Limits), "Run shell command"), h.handler("run_shell", "command", runtime.Shell))
+	registerApps(s)
+	s.AddTool(h.tool("run_python", "code", pythonDescription(h.Limits), "Run Python"), h.taskable(h.handler("run_python", "code", runtime.Python)))
+	s.AddTool(h.tool("run_shell", "command", shellDescription(h.Limits), "Run shell command"), h.taskable(h.handler("run_shell", "command", runtime.Shell)))
 }
 
 func pythonDescription(l config.Limits) string {
@@ -187,6 +192,9 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 	}[codeKey]
 	opts := []mcp.ToolOption{
 		mcp.WithToolTitle(title),
+		// A client may run it as a task (tasks.go) to outlive its own
+		// request timeout.
+		mcp.WithTaskSupport(mcp.TaskSupportOptional),
 		mcp.WithDescription(description + h.sessionDescription() + h.networkDescription() + h.approvalDescription()),
 		mcp.WithString(codeKey, mcp.Required(), mcp.Description(codeDesc), mcp.MinLength(1), mcp.MaxLength(h.Limits.CodeBytes)),
 		mcp.WithInteger("timeout_s",
@@ -206,7 +214,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 			mcp.WithArray("allow_domains", mcp.WithStringItems(),
 				mcp.Description("With network allowlist: the domains this run needs, a subset of the operator's list.")))
 	}
-	return mcp.NewTool(name, append(opts,
+	return withRunApp(mcp.NewTool(name, append(opts,
 		mcp.WithSchemaAdditionalProperties(false),
 		outputSchema[RunOutput](),
 		mcp.WithTitleAnnotation(title),
@@ -216,7 +224,7 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 		mcp.WithDestructiveHintAnnotation(false),
 		mcp.WithIdempotentHintAnnotation(false),
 		mcp.WithOpenWorldHintAnnotation(h.Egress != nil),
-	)...)
+	)...))
 }
 
 // circuitResult answers a call refused because the circuit breaker is open.
@@ -248,6 +256,8 @@ func (h *Handlers) result(tool string, r runtime.Result, err error) *mcp.CallToo
 			return mcp.NewToolResultError(fmt.Sprintf("All %d sandboxes are busy (limits.concurrency); retry in a few seconds.", h.Limits.Concurrency))
 		case errors.Is(err, errShuttingDown):
 			return mcp.NewToolResultError("The server is shutting down; the run was cancelled and its sandbox killed. Retry in a moment.")
+		case errors.Is(err, errTaskExpired):
+			return mcp.NewToolResultError("Not completed: the ttl asked for this task passed before the run ended; its sandbox was killed. Ask for a longer ttl, or none.")
 		case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 			return mcp.NewToolResultError("The call was cancelled; its sandbox was killed.")
 		case errors.As(err, &ie):

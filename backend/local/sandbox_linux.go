@@ -238,12 +238,19 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 		task.IO().Close()
 	})
 	go s.st.Decode(stdoutR, func(driver.Hello) { s.started() }, s.log())
-	if err := task.Start(ctx); err != nil {
+	// The caller cannot cut the start short: the shim goes on with a
+	// start or restore whose request was cancelled, and a task that came
+	// up after its caller gave up had no one to wait for its exit (a
+	// dropped HTTP call left such sandboxes running). A cancelled call
+	// tears down its started sandbox as usual.
+	sctx, cancelStart := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	defer cancelStart()
+	if err := task.Start(sctx); err != nil {
 		if from != nil {
-			// A task whose restore failed never ran: it is deleted as it
-			// is. The teardown's kill would wait for an exit that never
-			// comes.
-			if _, derr := task.Delete(context.WithoutCancel(ctx)); derr != nil {
+			// A task whose restore failed mostly never ran: it is deleted
+			// (and killed first if it did run). The teardown's kill would
+			// wait for an exit that never comes.
+			if derr := deleteTask(sctx, task); derr != nil {
 				s.log().Warn("delete task of a failed restore", "err", derr)
 			}
 		}
@@ -255,6 +262,9 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 	s.step("started")
 	return s, nil
 }
+
+// startTimeout bounds a sandbox's start or restore.
+const startTimeout = 2 * time.Minute
 
 // shimAttempts bounds the tries to create a task whose shim went away.
 const shimAttempts = 4

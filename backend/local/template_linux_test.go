@@ -166,3 +166,35 @@ func TestBrokenTemplateFallsBackToBooting(t *testing.T) {
 		t.Fatalf("run from the new template: %+v %v (restored %d)", r, err, local.Restored(m)-before)
 	}
 }
+
+// A call cancelled at any point of its sandbox's restore leaves nothing
+// running: the cancels land before, during and after the restore (a
+// dropped HTTP call once left the restored sandbox running, unwaited).
+func TestCancelDuringRestoreLeavesNothing(t *testing.T) {
+	m := restoreManager(t, 2)
+	limits := need(t).Config.Limits.RunLimits(0)
+	var ids []string
+	for i := range 12 {
+		id := runtime.NewRunID()
+		ids = append(ids, id)
+		ctx, cancel := context.WithCancel(context.Background())
+		timer := time.AfterFunc(time.Duration(i)*40*time.Millisecond, cancel)
+		_, err := m.Run(ctx, runtime.Request{RunID: id, Language: runtime.Python, Code: "import time; time.sleep(30)", Limits: limits})
+		timer.Stop()
+		cancel()
+		if err == nil {
+			t.Fatalf("run %d cancelled after %d ms ran to the end", i, i*40)
+		}
+	}
+	m.WaitTeardowns()
+	for _, id := range ids {
+		if pids := processesNaming("airlock-" + id); len(pids) > 0 {
+			t.Errorf("run %s: processes left after its cancel: %v", id, pids)
+		}
+	}
+	// The template survives cancels: they are not restore failures.
+	r, err := m.Run(context.Background(), runtime.Request{Language: runtime.Python, Code: "print(6 * 7)", Limits: limits})
+	if err != nil || r.Stdout != "42\n" {
+		t.Fatalf("run after the cancels: %+v %v", r, err)
+	}
+}

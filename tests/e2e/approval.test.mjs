@@ -11,6 +11,8 @@ import path from 'node:path';
 import { promisify } from 'node:util';
 import { after, before, describe, test } from 'node:test';
 
+import { CallToolResultSchema } from '@modelcontextprotocol/sdk/types.js';
+
 import { STATE_DIR, assertNoLeftovers, auditRecords, airlockCLI, consoleConfig, sleep, startServer, waitFor } from './lib.mjs';
 
 const execFileP = promisify(execFile);
@@ -62,6 +64,26 @@ describe('approval through elicitation (stdio)', { timeout: 10 * 60_000 }, () =>
     assert.match(msg, /print\('approved-' \+ 'run'\)/);
     assert.match(msg, /Limits: timeout 30 s, memory 256 MiB/);
     assert.match(msg, /Network: none/);
+  }));
+
+  test('a run as a task is input_required while the user decides, then completes', w(async () => {
+    let release;
+    user.next = new Promise((r) => { release = r; });
+    const statuses = [];
+    let result = null, error = null;
+    for await (const m of srv.client.experimental.tasks.callToolStream(
+      { name: 'run_python', arguments: { code: "print('task-' + 'approved')" } }, CallToolResultSchema, { task: {} })) {
+      if (m.type === 'taskStatus') {
+        statuses.push(m.task.status);
+        if (m.task.status === 'input_required') release(APPROVE);
+      } else if (m.type === 'result') result = m.result;
+      else if (m.type === 'error') error = m.error;
+    }
+    assert.equal(error, null, String(error));
+    assert.ok(statuses.includes('input_required'), `statuses seen: ${statuses}`);
+    assert.match(user.shown.at(-1), /print\('task-' \+ 'approved'\)/);
+    assert.notEqual(result.isError, true, JSON.stringify(result));
+    assert.equal(result.structuredContent.stdout, 'task-approved\n');
   }));
 
   test('decline and cancel do not run; no sandbox is made', w(async () => {

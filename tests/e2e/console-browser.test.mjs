@@ -3,27 +3,19 @@
 // pending code (with its hidden characters made visible), clicks approve,
 // and sees the run's result. Screenshots go to tests/e2e/artifacts/.
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
 import { mkdir, mkdtemp, readFile, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { after, before, describe, test } from 'node:test';
 
-import { chromium } from 'playwright-core';
+import { E2E_DIR, freePort, launchChromium, startServer } from './lib.mjs';
 
-import { E2E_DIR, freePort, startServer } from './lib.mjs';
-
-const CHROMIUM = process.env.AIRLOCK_E2E_CHROMIUM || '/usr/bin/chromium';
 const ARTIFACTS = path.join(E2E_DIR, 'artifacts');
 
 describe('approval console in headless Chromium', { timeout: 10 * 60_000 }, () => {
   let srv, dir, port, browser;
 
   before(async () => {
-    if (!existsSync(CHROMIUM)) {
-      // scripts/install-test-deps.sh installs it; a missing browser is a failure, not a skip.
-      throw new Error(`${CHROMIUM} not found: run scripts/install-test-deps.sh (Debian package chromium)`);
-    }
     dir = await mkdtemp(path.join(os.tmpdir(), 'airlock_e2e_browser_'));
     port = await freePort();
     srv = await startServer('browser', [
@@ -31,13 +23,7 @@ describe('approval console in headless Chromium', { timeout: 10 * 60_000 }, () =
       `audit: {path: ${JSON.stringify(path.join(dir, 'audit.jsonl'))}}`,
     ]);
     await mkdir(ARTIFACTS, { recursive: true });
-    browser = await chromium.launch({
-      executablePath: CHROMIUM,
-      headless: true,
-      // A closed network: no background fetches, no component updates.
-      args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
-        '--disable-component-update', '--disable-sync'],
-    });
+    browser = await launchChromium();
   });
 
   after(async () => {

@@ -42,6 +42,9 @@ export class Server {
    * opts.onElicit(request): when set, the client declares the elicitation
    * capability and answers the server's elicitation/create with it.
    * opts.env: extra environment for the server process.
+   * opts.client2: connect with the 2026-07-28 generation client
+   * (@modelcontextprotocol/client) instead, this being its ClientOptions,
+   * e.g. { versionNegotiation: { mode: 'auto' } }; see start.
    */
   constructor(label, extraConfig = [], opts = {}) {
     this.label = label;
@@ -64,8 +67,14 @@ export class Server {
       ...this.extraConfig,
       '',
     ].join('\n'));
-
-    this.transport = new StdioClientTransport({
+    // opts.client2: the 2.x client (its ClientOptions), which negotiating
+    // first probes server/discover on a disposable sibling process; every
+    // message it sends is kept in this.sent, every one it receives in
+    // this.received.
+    const gen2 = Boolean(this.opts.client2);
+    const C = gen2 ? (await import('@modelcontextprotocol/client')).Client : Client;
+    const T = gen2 ? (await import('@modelcontextprotocol/client/stdio')).StdioClientTransport : StdioClientTransport;
+    this.transport = new T({
       command: AIRLOCK_BIN,
       args: ['serve', '--transport', 'stdio', '--config', this.configPath],
       env: { PATH: process.env.PATH, AIRLOCK_E2E_CANARY: this.canary, ...(this.opts.env ?? {}) },
@@ -77,18 +86,40 @@ export class Server {
       this.stderr += s;
       if (this.stderr.length > STDERR_KEEP) this.stderr = this.stderr.slice(-STDERR_KEEP);
     });
-    const capabilities = this.opts.onElicit ? { elicitation: { form: {} } } : {};
-    this.client = new Client({ name: 'airlock-e2e', version: '0.0.0' }, { capabilities });
+    if (gen2) {
+      this.sent = [];
+      this.received = [];
+      const send = this.transport.send.bind(this.transport);
+      this.transport.send = (message, options) => {
+        this.sent.push(message);
+        return send(message, options);
+      };
+    }
+    // opts.capabilities: more client capabilities (extensions, say).
+    const capabilities = { ...(this.opts.onElicit ? { elicitation: { form: {} } } : {}), ...(this.opts.capabilities ?? {}) };
+    this.client = gen2
+      ? new C({ name: 'airlock-e2e-client2', version: '0.0.0' }, { ...this.opts.client2, capabilities })
+      : new C({ name: 'airlock-e2e', version: '0.0.0' }, { capabilities });
     if (this.opts.onElicit) {
-      this.client.setRequestHandler(ElicitRequestSchema, (req) => this.opts.onElicit(req));
+      this.client.setRequestHandler(gen2 ? 'elicitation/create' : ElicitRequestSchema, (req) => this.opts.onElicit(req));
     }
     try {
       await this.client.connect(this.transport, { timeout: BOOT_TIMEOUT_MS });
+      // A 2026-07-28 connect made its one round trip with the sibling: wait
+      // for this process to answer too (and so to have written its lock).
+      if (gen2 && this.client.getProtocolEra() === 'modern') await this.client.discover({ timeout: BOOT_TIMEOUT_MS });
     } catch (err) {
       throw this.annotate(err, 'connect (initialize) failed');
     }
-    // StdioClientTransport's ChildProcess (private field of SDK 1.32.2), used
-    // only to end stdin by hand and to see how the process exited.
+    if (gen2) {
+      const onmessage = this.transport.onmessage;
+      this.transport.onmessage = (message, extra) => {
+        this.received.push(message);
+        onmessage?.(message, extra);
+      };
+    }
+    // StdioClientTransport's ChildProcess (a private field in 1.32.2 and
+    // 2.x), used only to end stdin by hand and to see how the process exited.
     this.child = this.transport._process;
     this.pid = this.transport.pid;
     this.exited = new Promise((resolve) => {
@@ -104,6 +135,7 @@ export class Server {
 
   /** Calls a tool with raw arguments (no client-side input validation). */
   async call(name, args, { timeoutMs = 120_000 } = {}) {
+    if (this.opts.client2) return this.call2(name, args, { timeout: timeoutMs });
     const t0 = performance.now();
     let res;
     try {
@@ -116,6 +148,18 @@ export class Server {
     if (sc && sc.run_id) this.runIds.add(sc.run_id);
     const text = res.content?.find((c) => c.type === 'text')?.text ?? '';
     return { res, sc, text, ms, isError: res.isError === true };
+  }
+
+  /** call() with the 2.x client; opts are its RequestOptions (timeout, signal, onprogress). */
+  async call2(name, args, opts = {}) {
+    let r;
+    try {
+      r = await callWith2(this.client, name, args, opts);
+    } catch (err) {
+      throw this.annotate(err, `callTool (2.x client) ${name} ${JSON.stringify(args).slice(0, 200)} threw`);
+    }
+    if (r.sc && r.sc.run_id) this.runIds.add(r.sc.run_id);
+    return r;
   }
 
   python(code, extra = {}, opts) { return this.call('run_python', { code, ...extra }, opts); }
@@ -594,8 +638,11 @@ export class Daemon {
     return r.stdout.trim();
   }
 
-  /** An SDK client over streamable HTTP ('http') or legacy SSE ('sse'). */
-  async client(kind, token, { name = 'airlock-e2e-hosted' } = {}) {
+  /**
+   * An SDK client over streamable HTTP ('http') or legacy SSE ('sse');
+   * sessionId reconnects to an HTTP session without a new initialize.
+   */
+  async client(kind, token, { name = 'airlock-e2e-hosted', sessionId } = {}) {
     const { StreamableHTTPClientTransport } = await import('@modelcontextprotocol/sdk/client/streamableHttp.js');
     const { SSEClientTransport } = await import('@modelcontextprotocol/sdk/client/sse.js');
     const authFetch = (url, init = {}) => {
@@ -605,8 +652,30 @@ export class Daemon {
     };
     const transport = kind === 'sse'
       ? new SSEClientTransport(new URL(`${this.url}/sse`), { fetch: authFetch, eventSourceInit: { fetch: authFetch } })
-      : new StreamableHTTPClientTransport(new URL(`${this.url}/mcp`), { fetch: authFetch });
+      : new StreamableHTTPClientTransport(new URL(`${this.url}/mcp`), { fetch: authFetch, sessionId });
     const client = new Client({ name, version: '0.0.0' });
+    await client.connect(transport, { timeout: 60_000 });
+    return client;
+  }
+
+  /**
+   * A 2026-07-28 generation client (@modelcontextprotocol/client) over
+   * streamable HTTP with token as bearer. options: its ClientOptions (e.g.
+   * { versionNegotiation: { mode: 'auto' } }); onElicit answers input
+   * requests; onRequest(url, init) sees every HTTP request it makes.
+   */
+  async client2(token, { name = 'airlock-e2e-client2', options = {}, onElicit, onRequest } = {}) {
+    const { Client: Client2, StreamableHTTPClientTransport: StreamableHTTPClientTransport2 } = await import('@modelcontextprotocol/client');
+    const authFetch = (url, init = {}) => {
+      const headers = new Headers(init.headers);
+      if (token) headers.set('Authorization', `Bearer ${token}`);
+      onRequest?.(url, { ...init, headers });
+      return fetch(url, { ...init, headers });
+    };
+    const transport = new StreamableHTTPClientTransport2(new URL(`${this.url}/mcp`), { fetch: authFetch });
+    const capabilities = onElicit ? { elicitation: { form: {} } } : {};
+    const client = new Client2({ name, version: '0.0.0' }, { ...options, capabilities });
+    if (onElicit) client.setRequestHandler('elicitation/create', (req) => onElicit(req));
     await client.connect(transport, { timeout: 60_000 });
     return client;
   }
@@ -639,6 +708,17 @@ export async function startDaemon(label, config = {}, opts = {}) {
 export async function callWith(client, name, args, opts = {}) {
   const t0 = performance.now();
   const res = await client.callTool({ name, arguments: args }, CallToolResultSchema, { timeout: 120_000, ...opts });
+  const text = res.content?.filter((c) => c.type === 'text').map((c) => c.text).join('') ?? '';
+  return { res, sc: res.structuredContent, text, isError: res.isError === true, ms: performance.now() - t0 };
+}
+
+/**
+ * callWith for a 2.x client (@modelcontextprotocol/client), whose callTool
+ * takes no result schema; opts are its RequestOptions.
+ */
+export async function callWith2(client, name, args, opts = {}) {
+  const t0 = performance.now();
+  const res = await client.callTool({ name, arguments: args }, { timeout: 120_000, ...opts });
   const text = res.content?.filter((c) => c.type === 'text').map((c) => c.text).join('') ?? '';
   return { res, sc: res.structuredContent, text, isError: res.isError === true, ms: performance.now() - t0 };
 }
@@ -767,4 +847,22 @@ export async function clusterUp() {
     if (process.env.CI === 'true') throw new Error(`no test cluster under CI=true (scripts/cluster.sh up): ${err.message}`);
     return false;
   }
+}
+
+/** Debian's Chromium for the browser tests; a missing one is a failure, not a skip. */
+export const CHROMIUM = process.env.AIRLOCK_E2E_CHROMIUM || '/usr/bin/chromium';
+
+/** Launches headless Chromium on a closed network: no background fetches, no component updates. */
+export async function launchChromium() {
+  const { existsSync } = await import('node:fs');
+  if (!existsSync(CHROMIUM)) {
+    throw new Error(`${CHROMIUM} not found: run scripts/install-test-deps.sh (Debian package chromium)`);
+  }
+  const { chromium } = await import('playwright-core');
+  return chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync'],
+  });
 }
