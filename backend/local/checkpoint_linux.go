@@ -165,6 +165,12 @@ func hashImage(dir string) ([]manifestFile, error) {
 	return files, nil
 }
 
+// newManifest starts the manifest of a checkpoint of s with what a restore
+// must match: its spec, the runsc binary's hash, the image's digest.
+func (m *ContainerdManager) newManifest(s *sandbox, runsc string) *manifest {
+	return &manifest{Spec: s.spec, Runsc: runsc, Image: m.o.Image.Target().Digest.String(), Created: time.Now()}
+}
+
 // writeManifest hashes dir's image and writes its manifest, durably.
 func writeManifest(dir string, mf *manifest) error {
 	files, err := hashImage(filepath.Join(dir, imageDirName))

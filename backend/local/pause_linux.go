@@ -93,9 +93,9 @@ func (ss *session) pauseLocked(ctx context.Context) error {
 	s := ss.s
 	ss.s = nil
 	s.destroy()
-	mf := &manifest{Session: ss.id, Owner: ss.o.Owner, Created: ss.created, LastUsed: ss.used, PausedAt: time.Now(),
-		Idle: int64(ss.o.Idle), Lifetime: int64(ss.o.Lifetime), Calls: ss.calls, Spec: s.spec, Limits: ss.o.Limits,
-		Runsc: runsc, Image: m.o.Image.Target().Digest.String()}
+	mf := m.newManifest(s, runsc)
+	mf.Session, mf.Owner, mf.Created, mf.LastUsed, mf.PausedAt = ss.id, ss.o.Owner, ss.created, ss.used, time.Now()
+	mf.Idle, mf.Lifetime, mf.Calls, mf.Limits = int64(ss.o.Idle), int64(ss.o.Lifetime), ss.calls, ss.o.Limits
 	err = writeManifest(tmp, mf)
 	if err == nil {
 		_ = os.RemoveAll(dir)
@@ -244,9 +244,8 @@ func (m *ContainerdManager) AdoptSession(ctx context.Context, id, owner string) 
 	if err == nil && mf.Owner != owner {
 		return nil, runtime.SessionRecord{}, runtime.ErrNoSession
 	}
-	lctx, cancel := context.WithCancel(ctx)
-	cancel() // one try: a lock held means another airlock serves it
-	unlock, lerr := flock.Lock(lctx, dir+".lock")
+	// One try: a lock held means another airlock serves it.
+	unlock, lerr := flock.TryLock(dir + ".lock")
 	if lerr != nil {
 		return nil, runtime.SessionRecord{}, runtime.ErrNoSession
 	}
@@ -332,9 +331,7 @@ func (m *ContainerdManager) sweepCheckpoints() {
 			continue
 		}
 		dir := filepath.Join(base, id)
-		lctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		unlock, err := flock.Lock(lctx, dir+".lock")
+		unlock, err := flock.TryLock(dir + ".lock")
 		if err != nil {
 			continue // served by a running airlock
 		}
@@ -401,7 +398,7 @@ func (ss *session) Fork(ctx context.Context, o runtime.SessionOptions) (_ runtim
 		if err := m.checkpoint(ctx, ss.s, filepath.Join(dir, imageDirName), true); err != nil {
 			return nil, runtime.Infra("checkpoint session for fork", err)
 		}
-		mf = &manifest{Spec: ss.s.spec, Runsc: runsc, Image: m.o.Image.Target().Digest.String()}
+		mf = m.newManifest(ss.s, runsc)
 		if mf.Files, err = hashImage(filepath.Join(dir, imageDirName)); err != nil {
 			return nil, fmt.Errorf("hash fork checkpoint: %w", err)
 		}

@@ -374,6 +374,24 @@ func (s *sandbox) destroy() {
 	}
 }
 
+// acquire gives sandbox id its sandbox: a pooled one when one fits (warm),
+// else one restored from the template, else a booted one.
+func (m *ContainerdManager) acquire(ctx context.Context, id string, networked bool, lim runtime.Limits) (s *sandbox, warm bool, err error) {
+	if m.pool != nil && m.pool.fits(lim) {
+		if s = m.pool.take(ctx, networked, id); s != nil {
+			return s, true, nil
+		}
+	}
+	if t := m.templateFor(networked, lim); t != nil {
+		if s, _ = m.restoreWarm(ctx, t, id, false, lim); s != nil {
+			return s, false, nil
+		}
+		// The restore failed: the sandbox boots.
+	}
+	s, err = m.create(ctx, id, false, networked, lim)
+	return s, false, err
+}
+
 // Run implements Manager: it takes a warm sandbox from the pool when one
 // fits, or makes a cold one; runs the code; answers; and destroys the
 // sandbox after answering, holding the run's slot until it is gone.
@@ -402,20 +420,10 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	}
 	log := m.o.Log.With("run", req.RunID)
 	start := time.Now()
-	var s *sandbox
-	if m.pool != nil && m.pool.fits(req.Limits) {
-		s = m.pool.take(ctx, networked, req.RunID)
-	}
-	warm := s != nil
-	if t := m.templateFor(networked, req.Limits); s == nil && t != nil {
-		s, _ = m.restoreWarm(ctx, t, req.RunID, false, req.Limits) // failed: it boots
-	}
-	if s == nil {
-		s, err = m.create(ctx, req.RunID, false, networked, req.Limits)
-		if err != nil {
-			release()
-			return res, err
-		}
+	s, warm, err := m.acquire(ctx, req.RunID, networked, req.Limits)
+	if err != nil {
+		release()
+		return res, err
 	}
 	defer m.teardowns.Start(s.destroy, release)
 	startRun := time.Now()

@@ -48,17 +48,9 @@ func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOp
 	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
 		return nil, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
 	}
-	var s *sandbox
-	if m.pool != nil && m.pool.fits(o.Limits) {
-		s = m.pool.take(ctx, networked, o.ID)
-	}
-	if t := m.templateFor(networked, o.Limits); s == nil && t != nil {
-		s, _ = m.restoreWarm(ctx, t, o.ID, false, o.Limits) // failed: it boots
-	}
-	if s == nil {
-		if s, err = m.create(ctx, o.ID, false, networked, o.Limits); err != nil {
-			return nil, err
-		}
+	s, _, err := m.acquire(ctx, o.ID, networked, o.Limits)
+	if err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	ss := &session{m: m, s: s, id: o.ID, o: o, created: now, used: now}

@@ -117,7 +117,7 @@ func (m *ContainerdManager) buildTemplate() (*template, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	mf := &manifest{Spec: s.spec, Runsc: runsc, Image: m.o.Image.Target().Digest.String(), Created: time.Now()}
+	mf := m.newManifest(s, runsc)
 	if err := writeManifest(dir, mf); err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

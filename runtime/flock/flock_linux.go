@@ -41,3 +41,18 @@ func Lock(ctx context.Context, path string) (func(), error) {
 		}
 	}
 }
+
+// ErrHeld is TryLock's answer when another holder has the lock.
+var ErrHeld = errors.New("lock held")
+
+// TryLock takes the lock on path only if it is free now; ErrHeld says
+// another process (or another holder here) has it.
+func TryLock(path string) (func(), error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // one try, no wait
+	unlock, err := Lock(ctx, path)
+	if errors.Is(err, context.Canceled) {
+		return nil, fmt.Errorf("lock %s: %w", path, ErrHeld)
+	}
+	return unlock, err
+}

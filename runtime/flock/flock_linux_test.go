@@ -2,6 +2,7 @@ package flock
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -24,4 +25,21 @@ func TestLockExcludesAndReleases(t *testing.T) {
 		t.Fatalf("Lock after release: %v", err)
 	}
 	unlock2()
+}
+
+func TestTryLockTakesAFreeLockOnlyOnce(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "x.lock")
+	unlock, err := TryLock(p)
+	if err != nil {
+		t.Fatalf("TryLock of a free lock: %v", err)
+	}
+	if _, err := TryLock(p); !errors.Is(err, ErrHeld) {
+		t.Fatalf("TryLock of a held lock: %v, want ErrHeld", err)
+	}
+	unlock()
+	unlock, err = TryLock(p)
+	if err != nil {
+		t.Fatalf("TryLock after release: %v", err)
+	}
+	unlock()
 }
