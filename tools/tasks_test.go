@@ -146,3 +146,37 @@ func TestCheckTaskRequest(t *testing.T) {
 		})
 	}
 }
+
+// A run still going when the ttl its client asked for passes is cancelled
+// with errTaskExpired; a call without task runs on the caller's context.
+func TestTaskableHonoursTheClientsTTL(t *testing.T) {
+	h := &Handlers{}
+	h.tasks.cfg = config.Defaults().Tasks
+	var cause error
+	inner := func(ctx context.Context, _ mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return mcp.NewToolResultText("ended"), nil
+	}
+	key := &server.RequestProtocolInfo{}
+	h.tasks.created(key, "t1", "alice", "run_python")
+	// mcp-go's context is cancelled once the call is answered: the run
+	// must not end with it.
+	reqCtx, cancelReq := context.WithCancel(server.WithRequestProtocolInfo(context.Background(), key))
+	cancelReq()
+	ttl := int64(50)
+	var req mcp.CallToolRequest
+	req.Params.Task = &mcp.TaskParams{TTL: &ttl}
+	start := time.Now()
+	res, err := h.taskable(inner)(reqCtx, req)
+	if err != nil || res == nil {
+		t.Fatalf("taskable: %v %v", res, err)
+	}
+	if !errors.Is(cause, errTaskExpired) || time.Since(start) < 40*time.Millisecond {
+		t.Fatalf("run ended after %v with cause %v, want errTaskExpired at the ttl", time.Since(start), cause)
+	}
+	kept := h.tasks.owned("t1", "alice")
+	if kept == nil || kept.result == nil || kept.result.Content[0].(mcp.TextContent).Text != "ended" {
+		t.Fatal("the run's own result is not kept for tasks/result")
+	}
+}
