@@ -808,11 +808,14 @@ func TestRetryCannotDecideAnotherChannel(t *testing.T) {
 		a := &answer{block: true}
 		c := inProcess(t, f, a, mcp.ProtocolVersion20251125)
 		var pend []*approval.Pending
+		ctx, cancel := context.WithCancel(t.Context())
+		called := make(chan struct{})
 		go func() {
+			defer close(called)
 			var req mcp.CallToolRequest
 			req.Params.Name = "run_python"
 			req.Params.Arguments = map[string]any{"code": "print('elicited')"}
-			_, _ = c.CallTool(t.Context(), req)
+			_, _ = c.CallTool(ctx, req)
 		}()
 		waitFor(t, func() bool { pend = f.h.Gate.Ledger().List(""); return len(pend) == 1 })
 		p := pend[0]
@@ -823,5 +826,18 @@ func TestRetryCannotDecideAnotherChannel(t *testing.T) {
 		if _, decided := p.Decided(); decided {
 			t.Fatal("the retry decided an elicitation/create request")
 		}
+		// End the blocked call and wait until its audit record is
+		// written: a write after the test returns races TempDir's
+		// removal (seen in CI as "directory not empty").
+		cancel()
+		<-called
+		waitFor(t, func() bool {
+			for _, r := range f.records(t) {
+				if r.ApprovalID == p.ID {
+					return true
+				}
+			}
+			return false
+		})
 	})
 }
