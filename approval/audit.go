@@ -55,6 +55,10 @@ type Record struct {
 	// human granted beyond the operator's list.
 	AllowDomains []string `json:"allow_domains,omitempty"`
 	Granted      []string `json:"granted_domains,omitempty"`
+	// Secrets names the secrets the run was given (never their values);
+	// Tripwires says it carried fake credentials.
+	Secrets   []string `json:"secrets,omitempty"`
+	Tripwires bool     `json:"tripwires,omitempty"`
 	// EgressDenied lists refused destinations as "host:port (reason)".
 	EgressDenied []string `json:"egress_denied"`
 	// Attempts are what gVisor's runtime monitoring saw the code try, as

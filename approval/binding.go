@@ -37,6 +37,9 @@ type Request struct {
 	AllowDomains []string
 	Session      string
 	Client       string
+	// Secrets are the names of the secrets the run is given (never their
+	// values): approving a call approves sending them to their hosts.
+	Secrets []string
 }
 
 // digestVersion starts every encoding so a future change of layout can never
@@ -66,6 +69,16 @@ func (r Request) Digest() string {
 	}
 	writeString(h, 11, r.Session)
 	writeString(h, 12, r.Client)
+	// Written only when present, so a request without secrets keeps the
+	// digest it always had; the tags keep the two layouts apart.
+	if len(r.Secrets) > 0 {
+		secrets := slices.Clone(r.Secrets)
+		sort.Strings(secrets)
+		writeInt(h, 13, int64(len(secrets)))
+		for _, s := range secrets {
+			writeString(h, 14, s)
+		}
+	}
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -210,6 +223,7 @@ func (l *Ledger) Open(req Request, ttl time.Duration) *Pending {
 // OpenWith is Open with the information a channel shows.
 func (l *Ledger) OpenWith(req Request, ttl time.Duration, info Info) *Pending {
 	req.AllowDomains = slices.Clone(req.AllowDomains) // the caller may reuse its slice
+	req.Secrets = slices.Clone(req.Secrets)
 	info.Grants = slices.Clone(info.Grants)
 	now := l.now()
 	p := &Pending{
@@ -295,7 +309,7 @@ func (l *Ledger) Claim(id, client, digest string) (*Pending, error) {
 func (l *Ledger) Adopt(v PendingView) *Pending {
 	p := &Pending{
 		ID:      v.ID,
-		Request: Request{Tool: v.Tool, Client: v.Client, Session: v.Session, Network: v.Network, AllowDomains: v.AllowDomains},
+		Request: Request{Tool: v.Tool, Client: v.Client, Session: v.Session, Network: v.Network, AllowDomains: v.AllowDomains, Secrets: v.Secrets},
 		Digest:  v.Digest,
 		Created: v.Created,
 		Expires: v.Expires,

@@ -158,6 +158,7 @@ type PendingView struct {
 	Network      string    `json:"network"`
 	AllowDomains []string  `json:"allow_domains"`
 	Grants       []string  `json:"grants"`
+	Secrets      []string  `json:"secrets,omitempty"`
 	Limits       string    `json:"limits"`
 	Lines        int       `json:"lines"`
 	CodeBytes    int       `json:"code_bytes"`
@@ -195,7 +196,7 @@ func View(p *Pending) PendingView {
 	return PendingView{
 		ID: p.ID, Tool: r.Tool, Client: r.Client, Transport: p.Info.Transport, Session: r.Session,
 		Rule: p.Info.Rule, Created: p.Created.UTC(), Expires: p.Expires.UTC(),
-		Network: r.Network, AllowDomains: nonNil(r.AllowDomains), Grants: nonNil(p.Info.Grants),
+		Network: r.Network, AllowDomains: nonNil(r.AllowDomains), Grants: nonNil(p.Info.Grants), Secrets: r.Secrets,
 		Limits: DescribeLimits(r.Limits), Lines: rendered.Lines, CodeBytes: len(r.Code),
 		CodeSHA256: CodeSHA256(r.Code), Warnings: nonNil(rendered.Warnings), Code: rendered.Text, Numbered: rendered.Numbered,
 		Description: Describe(p), Digest: p.Digest, RoundTrip: p.Info.RoundTrip,

@@ -45,6 +45,9 @@ func Describe(p *Pending) string {
 	default:
 		b.WriteString("Network: none (loopback only)\n")
 	}
+	if len(r.Secrets) > 0 {
+		fmt.Fprintf(&b, "Secrets: %s (the sandbox sees placeholders; the proxy sends the values to each secret's own hosts only)\n", strings.Join(r.Secrets, ", "))
+	}
 	if len(p.Info.Grants) > 0 {
 		fmt.Fprintf(&b, "⚠ Asks for domains outside the operator's allow-list, granted for this call only if you approve: %s\n", strings.Join(p.Info.Grants, ", "))
 	}

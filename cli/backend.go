@@ -20,7 +20,10 @@ type backend struct {
 	Manager runtime.Manager
 	// Egress is the operator's policy when networked runs are offered.
 	Egress *egress.Policy
-	Ready  func(context.Context) error
+	// Secrets and Tripwires: what calls may be given beside a network.
+	Secrets   *egress.Secrets
+	Tripwires bool
+	Ready     func(context.Context) error
 	// Instance names this process in logs and on its sandboxes.
 	Instance string
 	// Attrs describe the backend in the "serving" log line.
@@ -41,7 +44,7 @@ func (a *app) withBackend(cmd *cobra.Command, fn func(context.Context, *backend)
 	if a.cfg.Runtime.Backend != config.BackendKubernetes {
 		return a.withStack(cmd, boot.NeedManager, func(ctx context.Context, s *boot.Stack) error {
 			return fn(ctx, &backend{
-				Manager: s.Manager, Egress: s.Egress, Ready: s.Ready, Instance: s.Instance.ID,
+				Manager: s.Manager, Egress: s.Egress, Secrets: s.Secrets, Tripwires: s.Tripwires, Ready: s.Ready, Instance: s.Instance.ID,
 				Attrs: []any{"backend", config.BackendContainerd, "shim", s.Shim, "image", a.cfg.Image},
 				local: s,
 			})
@@ -53,7 +56,9 @@ func (a *app) withBackend(cmd *cobra.Command, fn func(context.Context, *backend)
 		return err
 	}
 	metrics.SetCircuitOpen(m.Breaker().Open)
+	secrets, trips := m.EgressCredentials()
 	b := &backend{
+		Secrets: secrets, Tripwires: trips,
 		Manager: m, Egress: m.EgressPolicy(), Ready: m.Ready, Instance: m.InstanceID(), Board: m.Board(), Peers: m.Peers,
 		Attrs: []any{"backend", config.BackendKubernetes, "namespace", a.cfg.Kubernetes.Namespace,
 			"runtime_class", a.cfg.Kubernetes.RuntimeClass, "image", a.cfg.Kubernetes.SandboxImage(a.cfg.Image)},

@@ -19,7 +19,7 @@ func (a *app) handlers(ctx context.Context, s *backend) (*tools.Handlers, func()
 	cfg := a.cfg
 	h := &tools.Handlers{
 		Manager: s.Manager, Limits: cfg.Limits, Log: a.log,
-		Egress: s.Egress, DefaultNetwork: cfg.Network.Mode,
+		Egress: s.Egress, DefaultNetwork: cfg.Network.Mode, Secrets: s.Secrets, Tripwires: s.Tripwires,
 		AuditCode: cfg.Audit.IncludeCode,
 		Sessions:  cfg.Sessions, Files: cfg.Files, Rich: cfg.Rich, Tasks: cfg.Tasks,
 	}

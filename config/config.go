@@ -18,6 +18,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/approval"
 	"github.com/airlock-mcp/airlock/runtime/monitor"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // Shim names accepted by runtime.shim.
@@ -54,6 +55,10 @@ type Config struct {
 	Auth       AuthConfig       `mapstructure:"auth"`
 	Breaker    BreakerConfig    `mapstructure:"breaker"`
 	Metrics    MetricsConfig    `mapstructure:"metrics"`
+	// Secrets are values sandboxes never see: a call that asks for one
+	// gets a placeholder, which the egress proxy replaces on requests to
+	// the secret's hosts.
+	Secrets []egress.SecretSpec `mapstructure:"secrets"`
 }
 
 // BreakerConfig is the circuit breaker in front of sandbox creation.
@@ -272,6 +277,12 @@ type NetworkConfig struct {
 	ProxyPort int    `mapstructure:"proxy_port"`
 	// CAFile is a PEM bundle the sandbox trusts in addition to the system's.
 	CAFile string `mapstructure:"ca_file"`
+	// Allow are allow-list entries with request rules (methods, paths,
+	// ports); each also allows its domain, as allow_domains does.
+	Allow []egress.AllowRule `mapstructure:"allow"`
+	// Tripwires plants unique fake credentials in every networked sandbox
+	// and kills a run that sends one anywhere.
+	Tripwires bool `mapstructure:"tripwires"`
 }
 
 // HostEntry maps one name to addresses in network.hosts.
@@ -281,7 +292,9 @@ type HostEntry struct {
 }
 
 // Enabled reports whether networked runs can be offered at all.
-func (n NetworkConfig) Enabled() bool { return len(n.AllowDomains) > 0 || len(n.AllowCIDRs) > 0 }
+func (n NetworkConfig) Enabled() bool {
+	return len(n.AllowDomains) > 0 || len(n.AllowCIDRs) > 0 || len(n.Allow) > 0
+}
 
 // LogConfig says where and how airlock logs. Logs always go to stderr:
 // stdout belongs to the stdio transport.
@@ -531,6 +544,9 @@ func SetDefaults(v *viper.Viper) {
 	v.SetDefault("network.table", d.Network.Table)
 	v.SetDefault("network.proxy_port", d.Network.ProxyPort)
 	v.SetDefault("network.ca_file", d.Network.CAFile)
+	v.SetDefault("network.allow", d.Network.Allow)
+	v.SetDefault("network.tripwires", d.Network.Tripwires)
+	v.SetDefault("secrets", d.Secrets)
 	v.SetDefault("approval.mode", d.Approval.Mode)
 	v.SetDefault("approval.rules", d.Approval.Rules)
 	v.SetDefault("approval.timeout", d.Approval.Timeout)

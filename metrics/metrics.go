@@ -50,6 +50,11 @@ const (
 	// EscapeUnregisteredSource: a connection to the proxy from an address
 	// that is not a live sandbox's.
 	EscapeUnregisteredSource = "unregistered_source"
+	// EscapeSecretWrongHost: a secret's placeholder sent to a host the
+	// secret does not belong to (or over plain HTTP).
+	EscapeSecretWrongHost = "secret_to_wrong_host"
+	// EscapeTripwire: a planted fake credential crossed the proxy.
+	EscapeTripwire = "exfiltration_tripwire"
 	// EscapeFirewall: packets from a sandbox the host firewall dropped:
 	// anything to the gateway but the proxy port, anything forwarded.
 	EscapeFirewall = "firewall_drop"
@@ -173,7 +178,7 @@ func newEscapeCollector() *escapeCollector {
 			[]string{"kind"}, nil),
 		counts: map[string]*atomic.Uint64{},
 	}
-	for _, k := range []string{EscapeForbiddenAddress, EscapeIPLiteral, EscapeDeniedDestination, EscapeSNIMismatch, EscapeUnregisteredSource} {
+	for _, k := range []string{EscapeForbiddenAddress, EscapeIPLiteral, EscapeDeniedDestination, EscapeSNIMismatch, EscapeUnregisteredSource, EscapeSecretWrongHost, EscapeTripwire} {
 		e.counts[k] = new(atomic.Uint64)
 	}
 	return e

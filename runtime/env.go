@@ -1,7 +1,11 @@
 package runtime
 
 import (
+	"fmt"
 	"sort"
+	"strings"
+
+	"github.com/airlock-mcp/airlock/runtime/driver"
 )
 
 // baseEnv is the whole environment of a sandbox before the operator's
@@ -72,4 +76,76 @@ func ProxyFiles(proxyURL string, caBundle []byte) map[string][]byte {
 		files["ca.pem"] = caBundle
 	}
 	return files
+}
+
+// CheckOverlay validates a run's extra environment and home files
+// (Request.Env, Request.HomeFiles): the names the driver accepts
+// (driver.CheckEnv, driver.CheckHomeFile), and no variable airlock sets
+// itself, whose meaning the sandbox depends on (HOME, PATH, the proxy's).
+// Refusals wrap driver.ErrBadEnv or driver.ErrBadHomeFile.
+func CheckOverlay(env, homeFiles map[string]string) error {
+	if err := driver.CheckEnv(env); err != nil {
+		return err
+	}
+	var reserved []string
+	for k := range env {
+		if _, ok := reservedEnv[k]; ok {
+			reserved = append(reserved, k)
+		}
+	}
+	if len(reserved) > 0 {
+		sort.Strings(reserved)
+		return fmt.Errorf("%w: %s is set by airlock itself", driver.ErrBadEnv, strings.Join(reserved, ", "))
+	}
+	names := make([]string, 0, len(homeFiles))
+	for name := range homeFiles {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if err := driver.CheckHomeFile(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reservedEnv are the variables airlock sets in every sandbox or in a
+// networked one.
+var reservedEnv = func() map[string]struct{} {
+	m := map[string]struct{}{}
+	for k := range baseEnv {
+		m[k] = struct{}{}
+	}
+	for k := range ProxyEnv("", true) {
+		m[k] = struct{}{}
+	}
+	return m
+}()
+
+// OverlayRequest gives req a session's environment and home files, under
+// req's own: a name in both is req's.
+func OverlayRequest(req Request, env, homeFiles map[string]string) Request {
+	req.Env = overlay(env, req.Env)
+	req.HomeFiles = overlay(homeFiles, req.HomeFiles)
+	return req
+}
+
+// overlay is base with top's entries over it; base itself when top is
+// empty, top when base is.
+func overlay(base, top map[string]string) map[string]string {
+	switch {
+	case len(top) == 0:
+		return base
+	case len(base) == 0:
+		return top
+	}
+	m := make(map[string]string, len(base)+len(top))
+	for k, v := range base {
+		m[k] = v
+	}
+	for k, v := range top {
+		m[k] = v
+	}
+	return m
 }

@@ -63,6 +63,17 @@ type Request struct {
 	// Rich bounds what a Python run may return besides its output (zero:
 	// the driver's defaults).
 	Rich driver.RichCaps
+	// Env are extra variables for this run only, overlaid on the
+	// sandbox's environment. A sandbox's own environment is fixed when it
+	// boots, before a pooled one knows its run: these go with the work
+	// instead. Names must not be ones airlock sets itself (CheckOverlay).
+	// In a session, the Python interpreter keeps what a call set for the
+	// calls after it, as it keeps whatever the code sets in os.environ.
+	Env map[string]string
+	// HomeFiles are files written into the code user's home, /workspace,
+	// mode 0600, owned by the code's user, before the code runs; each
+	// replaces a file of its name. Names are base names, such as ".netrc".
+	HomeFiles map[string]string
 	// Output, when set, is called with each chunk of output as it arrives,
 	// within the caps. It runs on the output copier and must not block; the
 	// slice is valid only during the call.
@@ -84,6 +95,9 @@ const (
 	ReasonOutOfMemory  = "out_of_memory"
 	ReasonOutputCapped = "output_capped"
 	ReasonSignal       = "killed_by_signal"
+	// ReasonTripwire: a fake credential planted in the sandbox crossed
+	// the egress proxy, and the run was killed (egress.ReasonTripwire).
+	ReasonTripwire = egress.ReasonTripwire
 )
 
 // Result is what came back from a run. A non-zero exit is a Result, not an error.
@@ -169,6 +183,12 @@ type SessionOptions struct {
 	// Lifetime after it began. A backend whose sessions outlive this
 	// process ends them by these when no process serves them.
 	Idle, Lifetime time.Duration
+	// Env and HomeFiles are given to every call of the session, as
+	// Request's are, under the call's own (OverlayRequest). They live in
+	// this process only: a session adopted from another (SessionAdopter)
+	// has none unless its calls bring them.
+	Env       map[string]string
+	HomeFiles map[string]string
 }
 
 // SessionRecord is what a backend kept of a session it hands over.

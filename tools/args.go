@@ -26,6 +26,9 @@ type RunArgs struct {
 	AllowDomains []string
 	// SessionID runs the code in a session instead of a fresh sandbox.
 	SessionID string
+	// Secrets are the names of the operator's secrets the run is given
+	// (as placeholders).
+	Secrets []string
 }
 
 // ArgLimits bound what a call may ask for.
@@ -37,8 +40,8 @@ type ArgLimits struct {
 // ParseRunArgs validates raw call arguments for a run tool whose code
 // argument is named codeKey ("code" or "command").
 func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error) {
-	allowed := map[string]bool{codeKey: true, "timeout_s": true, "network": true, "allow_domains": true, "session_id": true}
-	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer, \"network\"?: \"none\"|\"allowlist\", \"allow_domains\"?: [string], \"session_id\"?: string}", tool, codeKey)
+	allowed := map[string]bool{codeKey: true, "timeout_s": true, "network": true, "allow_domains": true, "session_id": true, "secrets": true}
+	usage := fmt.Sprintf("%s takes {%q: string, \"timeout_s\"?: integer, \"network\"?: \"none\"|\"allowlist\", \"allow_domains\"?: [string], \"secrets\"?: [string], \"session_id\"?: string}", tool, codeKey)
 	if raw == nil {
 		return RunArgs{}, argErrorf("missing argument %q: %s", codeKey, usage)
 	}
@@ -118,17 +121,45 @@ func ParseRunArgs(tool, codeKey string, raw any, lim ArgLimits) (RunArgs, error)
 			return RunArgs{}, argErrorf("allow_domains needs \"network\": \"allowlist\"; with network none the sandbox has no network")
 		}
 	}
+	if v, present := m["secrets"]; present && v != nil {
+		names, err := parseSecretNames(v)
+		if err != nil {
+			return RunArgs{}, err
+		}
+		if out.Network == "none" {
+			return RunArgs{}, argErrorf("secrets need \"network\": \"allowlist\"; a secret is only ever used by the egress proxy")
+		}
+		out.Secrets = names
+	}
 	if v, present := m["session_id"]; present && v != nil {
 		id, err := parseSessionID(v)
 		if err != nil {
 			return RunArgs{}, err
 		}
-		if out.Network != "" || out.AllowDomains != nil {
-			return RunArgs{}, argErrorf("a session's network is chosen at session_create; call without \"network\" and \"allow_domains\"")
+		if out.Network != "" || out.AllowDomains != nil || out.Secrets != nil {
+			return RunArgs{}, argErrorf("a session's network and secrets are chosen at session_create; call without \"network\", \"allow_domains\" and \"secrets\"")
 		}
 		out.SessionID = id
 	}
 	return out, nil
+}
+
+// parseSecretNames checks a secrets argument's form; which names exist is
+// the secrets' own check (Handlers.credentialsFor).
+func parseSecretNames(v any) ([]string, error) {
+	list, ok := v.([]any)
+	if !ok {
+		return nil, argErrorf("argument \"secrets\" must be an array of secret names, got %s", jsonType(v))
+	}
+	names := []string{}
+	for i, item := range list {
+		name, ok := item.(string)
+		if !ok || name == "" {
+			return nil, argErrorf("secrets[%d] must be a secret's name, got %s", i, describe(item))
+		}
+		names = append(names, name)
+	}
+	return names, nil
 }
 
 // parseSessionID checks a session_id argument's form.

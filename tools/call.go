@@ -126,6 +126,12 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	} else if pol, grants, err = h.EgressFor(args); err != nil {
 		return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
 	}
+	var creds *egress.Credentials
+	if sess != nil {
+		creds = sess.creds
+	} else if pol, creds, err = h.credentialsFor(args.Secrets, pol); err != nil {
+		return c.fail(approval.OutcomeInvalid, mcp.NewToolResultError(err.Error()))
+	}
 	limits := h.Limits.RunLimits(args.Timeout)
 	areq := approval.Request{
 		Tool:    c.tool,
@@ -137,6 +143,10 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	}
 	if pol != nil {
 		areq.Network, areq.AllowDomains = approval.NetworkAllowlist, pol.Domains()
+	}
+	if creds != nil {
+		areq.Secrets = creds.Names
+		c.rec.Secrets, c.rec.Tripwires = creds.Names, len(creds.Tripwires()) > 0
 	}
 	c.rec.Limits, c.rec.Network, c.rec.AllowDomains, c.rec.Granted = areq.Limits, areq.Network, areq.AllowDomains, grants
 
@@ -157,6 +167,10 @@ func (c *call) serve(ctx context.Context, req mcp.CallToolRequest, codeKey strin
 	}
 	h.runs.setState(c.rec.ID, StateRunning)
 	rreq := runtime.Request{RunID: c.rec.ID, Language: lang, Code: args.Code, Limits: limits, Egress: pol, Rich: h.richCaps()}
+	if creds != nil && sess == nil {
+		// A session's were given once, at session_create.
+		rreq.Env, rreq.HomeFiles = creds.Env, creds.Files
+	}
 	var status func(string)
 	if t := taskFrom(ctx); t != nil {
 		status = func(text string) { h.tasks.note(t, text) }
@@ -250,7 +264,7 @@ func (c *call) noteRun(out runtime.Result, err error, res *mcp.CallToolResult) {
 		c.rec.LimitsHit = out.LimitsHit
 		c.rec.Warm = out.Warm
 		for _, d := range out.EgressDenied {
-			c.rec.EgressDenied = append(c.rec.EgressDenied, fmt.Sprintf("%s:%d (%s)", d.Host, d.Port, d.Reason))
+			c.rec.EgressDenied = append(c.rec.EgressDenied, fmt.Sprintf("%s (%s)", deniedWhere(d.Host, d.Port, d.Method, d.Path), d.Reason))
 		}
 		for _, a := range out.Attempts {
 			c.rec.Attempts = append(c.rec.Attempts, fmt.Sprintf("%s %s x%d", a.Kind, a.Syscall, a.Count))

@@ -2,6 +2,7 @@ package tools
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,4 +83,38 @@ func (h *Handlers) defaultNetwork() string {
 		return config.NetworkNone
 	}
 	return h.DefaultNetwork
+}
+
+// credentialsFor binds a networked call's secrets and, when they are on,
+// its tripwires, and returns pol carrying them into the proxy. A call
+// without a network gets neither; asking for secrets then is an error.
+func (h *Handlers) credentialsFor(names []string, pol *egress.Policy) (*egress.Policy, *egress.Credentials, error) {
+	if pol == nil {
+		if len(names) > 0 {
+			return nil, nil, argErrorf("secrets need \"network\": \"allowlist\"; a secret is only ever used by the egress proxy")
+		}
+		return nil, nil, nil
+	}
+	if len(names) == 0 && !h.Tripwires {
+		return pol, nil, nil
+	}
+	creds, err := h.Secrets.Bind(names)
+	if err != nil {
+		return nil, nil, argErrorf("secrets: %v", err)
+	}
+	if h.Tripwires {
+		creds.AddTripwires()
+	}
+	p := pol.WithCredentials(creds)
+	return &p, creds, nil
+}
+
+// secretsDescription tells a model what the secrets argument does.
+func (h *Handlers) secretsDescription() string {
+	var b strings.Builder
+	b.WriteString("With network allowlist: operator secrets this run needs, by name. The sandbox gets each as an environment variable holding a placeholder, never the value; the egress proxy puts the value into HTTPS requests to that secret's hosts only (and a request carrying it anywhere else is refused). Available:")
+	for _, n := range h.Secrets.Names() {
+		fmt.Fprintf(&b, " %s (for %s);", n, strings.Join(h.Secrets.Hosts(n), ", "))
+	}
+	return strings.TrimSuffix(b.String(), ";") + "."
 }

@@ -86,7 +86,7 @@ func (h *Handlers) sessionFork(ctx context.Context, req mcp.CallToolRequest) (*m
 		return h.pauseError(e, "forked", err), nil
 	}
 	now := time.Now()
-	ne := &sessionEntry{id: id, owner: e.owner, s: fork, network: e.network, policy: e.policy, created: now, used: now, idle: e.idle}
+	ne := &sessionEntry{id: id, owner: e.owner, s: fork, network: e.network, policy: e.policy, creds: e.creds, created: now, used: now, idle: e.idle}
 	h.sessions.mu.Lock()
 	h.sessions.m[id] = ne
 	h.sessions.mu.Unlock()

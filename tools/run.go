@@ -75,7 +75,10 @@ type OutFile struct {
 type DeniedOut struct {
 	Host   string `json:"host"`
 	Port   int    `json:"port"`
-	Reason string `json:"reason" jsonschema:"not in allow-list, port not allowed, resolves to private address, SNI mismatch, IP literal not allowed, resolution failed"`
+	Reason string `json:"reason" jsonschema:"not in allow-list, port not allowed, resolves to private address, SNI mismatch, IP literal not allowed, resolution failed, outside its allow rule, secret_to_wrong_host, secret over plain HTTP, exfiltration_tripwire"`
+	// Method and Path name a refused request the proxy could read.
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
 }
 
 // Handlers serves the run tools from a runtime.Manager.
@@ -90,6 +93,11 @@ type Handlers struct {
 	// Grantable are domains outside Egress an approver may grant to one
 	// call; nil when approval is off or none are configured.
 	Grantable *egress.Policy
+	// Secrets are what a networked call may ask for by name (the sandbox
+	// gets placeholders); nil when none are configured. Tripwires gives
+	// every networked run fake credentials that kill it when sent.
+	Secrets   *egress.Secrets
+	Tripwires bool
 	// Gate decides whether a human must approve a run; nil lets every run
 	// through, as approval mode off does.
 	Gate *approval.Gate
@@ -213,6 +221,10 @@ func (h *Handlers) tool(name, codeKey, description, title string) mcp.Tool {
 				mcp.Description(fmt.Sprintf("none: no network. allowlist: only the operator's allowed domains, through the egress proxy. Default %s.", h.defaultNetwork()))),
 			mcp.WithArray("allow_domains", mcp.WithStringItems(),
 				mcp.Description("With network allowlist: the domains this run needs, a subset of the operator's list.")))
+		if names := h.Secrets.Names(); len(names) > 0 {
+			opts = append(opts, mcp.WithArray("secrets", mcp.WithStringEnumItems(names),
+				mcp.Description(h.secretsDescription())))
+		}
 	}
 	return withRunApp(mcp.NewTool(name, append(opts,
 		mcp.WithSchemaAdditionalProperties(false),
@@ -337,7 +349,7 @@ func ToOutput(r runtime.Result) RunOutput {
 func denied(ds []egress.Denial) []DeniedOut {
 	out := make([]DeniedOut, 0, len(ds))
 	for _, d := range ds {
-		out = append(out, DeniedOut{Host: d.Host, Port: d.Port, Reason: d.Reason})
+		out = append(out, DeniedOut{Host: d.Host, Port: d.Port, Reason: d.Reason, Method: d.Method, Path: d.Path})
 	}
 	return out
 }
@@ -350,6 +362,8 @@ func RenderText(o RunOutput) string {
 		fmt.Fprintf(&b, "Timed out after %d ms: the sandbox was killed.\n", o.DurationMS)
 	case o.OOMKilled:
 		fmt.Fprintf(&b, "Out of memory: the sandbox was killed (exit code %d, %d ms).\n", o.ExitCode, o.DurationMS)
+	case o.Reason == egress.ReasonTripwire:
+		fmt.Fprintf(&b, "Killed: exfiltration_tripwire. The code sent a fake credential planted in its sandbox to %s; the sandbox was killed at once (%d ms).\n", tripDestination(o.EgressDenied), o.DurationMS)
 	default:
 		fmt.Fprintf(&b, "Exit code %d (%d ms).\n", o.ExitCode, o.DurationMS)
 	}
@@ -412,8 +426,28 @@ func RenderText(o RunOutput) string {
 	if len(o.EgressDenied) > 0 {
 		b.WriteString("--- network destinations refused ---\n")
 		for _, d := range o.EgressDenied {
-			fmt.Fprintf(&b, "%s:%d: %s\n", d.Host, d.Port, d.Reason)
+			fmt.Fprintf(&b, "%s: %s\n", deniedWhere(d.Host, d.Port, d.Method, d.Path), d.Reason)
 		}
 	}
 	return b.String()
+}
+
+// tripDestination names where a tripwire went, from the run's denials.
+func tripDestination(ds []DeniedOut) string {
+	for _, d := range ds {
+		if d.Reason == egress.ReasonTripwire {
+			return fmt.Sprintf("%s:%d", d.Host, d.Port)
+		}
+	}
+	return "the network"
+}
+
+// deniedWhere renders a refused destination, with the request when the
+// proxy could read it: "api.test:443 POST /v1".
+func deniedWhere(host string, port int, method, path string) string {
+	w := fmt.Sprintf("%s:%d", host, port)
+	if method != "" {
+		w += " " + method + " " + path
+	}
+	return w
 }

@@ -38,6 +38,7 @@ type sessionEntry struct {
 	s             runtime.Session
 	network       string
 	policy        *egress.Policy
+	creds         *egress.Credentials // its secrets and tripwires; nil: none
 	created, used time.Time
 	idle          time.Duration
 	calls         int
@@ -236,6 +237,9 @@ func (h *Handlers) registerSessionTools(s *server.MCPServer) {
 		opts = append(opts,
 			mcp.WithString("network", mcp.Enum(config.NetworkNone, config.NetworkAllowlist), mcp.Description("The session's network for its whole life: none, or allowlist (the operator's domains, through the egress proxy).")),
 			mcp.WithArray("allow_domains", mcp.WithStringItems(), mcp.Description("With network allowlist: the domains the session needs, a subset of the operator's list.")))
+		if names := h.Secrets.Names(); len(names) > 0 {
+			opts = append(opts, mcp.WithArray("secrets", mcp.WithStringEnumItems(names), mcp.Description(h.secretsDescription()+" Given for the session's life.")))
+		}
 	}
 	s.AddTool(mcp.NewTool("session_create", opts...), h.safe("session_create", h.sessionCreate))
 	s.AddTool(mcp.NewTool("session_close",
@@ -272,7 +276,7 @@ func (h *Handlers) safe(name string, f server.ToolHandlerFunc) server.ToolHandle
 func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 	m, _ := req.Params.Arguments.(map[string]any)
 	if req.Params.Arguments != nil && m == nil {
-		return mcp.NewToolResultError("session_create takes an object: {\"network\"?, \"allow_domains\"?, \"timeout_idle_s\"?}"), nil
+		return mcp.NewToolResultError("session_create takes an object: {\"network\"?, \"allow_domains\"?, \"secrets\"?, \"timeout_idle_s\"?}"), nil
 	}
 	var args RunArgs
 	idle := h.Sessions.IdleTimeout
@@ -297,6 +301,12 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 				}
 				args.AllowDomains = append(args.AllowDomains, name)
 			}
+		case "secrets":
+			names, err := parseSecretNames(v)
+			if err != nil {
+				return mcp.NewToolResultError(err.Error()), nil
+			}
+			args.Secrets = names
 		case "timeout_idle_s":
 			f, ok := v.(float64)
 			if !ok || f != math.Trunc(f) || f < 1 || time.Duration(f)*time.Second > h.Sessions.IdleTimeout {
@@ -304,12 +314,20 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 			}
 			idle = time.Duration(f) * time.Second
 		default:
-			return mcp.NewToolResultError(fmt.Sprintf("unknown argument %q: session_create takes {\"network\"?, \"allow_domains\"?, \"timeout_idle_s\"?}", k)), nil
+			return mcp.NewToolResultError(fmt.Sprintf("unknown argument %q: session_create takes {\"network\"?, \"allow_domains\"?, \"secrets\"?, \"timeout_idle_s\"?}", k)), nil
 		}
 	}
 	pol, grants, err := h.EgressFor(args)
 	if err != nil {
 		return mcp.NewToolResultError(err.Error()), nil
+	}
+	pol, creds, err := h.credentialsFor(args.Secrets, pol)
+	if err != nil {
+		return mcp.NewToolResultError(err.Error()), nil
+	}
+	var env, home map[string]string
+	if creds != nil {
+		env, home = creds.Env, creds.Files
 	}
 	if len(grants) > 0 {
 		return mcp.NewToolResultError(fmt.Sprintf("a session cannot be granted domains outside the operator's list (%s): ask for them in a one-shot call", strings.Join(grants, ", "))), nil
@@ -321,7 +339,7 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 	id := "s" + runtime.NewRunID()
 	sm := h.Manager.(runtime.SessionManager)
 	sess, err := sm.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: h.Limits.RunLimits(0), Egress: pol,
-		Owner: caller.ID, Idle: idle, Lifetime: h.Sessions.MaxLifetime})
+		Owner: caller.ID, Idle: idle, Lifetime: h.Sessions.MaxLifetime, Env: env, HomeFiles: home})
 	if err != nil {
 		var ie *runtime.InfraError
 		var co *runtime.CircuitOpenError
@@ -335,7 +353,7 @@ func (h *Handlers) sessionCreate(ctx context.Context, req mcp.CallToolRequest) (
 		return mcp.NewToolResultError("The session could not start: " + err.Error()), nil
 	}
 	now := time.Now()
-	e := &sessionEntry{id: id, owner: caller.ID, s: sess, network: config.NetworkNone, policy: pol, created: now, used: now, idle: idle}
+	e := &sessionEntry{id: id, owner: caller.ID, s: sess, network: config.NetworkNone, policy: pol, creds: creds, created: now, used: now, idle: idle}
 	if pol != nil {
 		e.network = config.NetworkAllowlist
 	}

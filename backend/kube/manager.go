@@ -43,6 +43,9 @@ type NetOptions struct {
 	Proxy *egress.Server
 	// Policy is the operator's allow-list (a call may narrow it).
 	Policy egress.Policy
+	// Secrets and Tripwires are what calls may be given (tools binds them).
+	Secrets   *egress.Secrets
+	Tripwires bool
 	// Addr is the proxy as pods reach it: an IP, since they have no
 	// resolver. A session's relay dials it; runs are told its URL.
 	Addr     netip.AddrPort
@@ -175,6 +178,10 @@ func (m *Manager) Run(ctx context.Context, req runtime.Request) (runtime.Result,
 	if req.Language != runtime.Python && req.Language != runtime.Shell {
 		return res, fmt.Errorf("unknown language %q", req.Language)
 	}
+	// Before a pod is taken for it (exchange.Run checks again).
+	if err := runtime.CheckOverlay(req.Env, req.HomeFiles); err != nil {
+		return res, err
+	}
 	networked := req.Egress != nil
 	if networked && m.o.Net == nil {
 		return res, errors.New("runtime: this airlock offers no networked runs on the cluster (set kubernetes.network_runtime_class and network.allow_domains)")
@@ -265,6 +272,15 @@ func (m *Manager) register(p *pod, id string, pol egress.Policy) error {
 	p.letGo() // a registration this pod had: replaced
 	p.unregister.Store(&unregister)
 	return nil
+}
+
+// EgressCredentials are the secrets calls may ask for and whether
+// networked runs get tripwires.
+func (m *Manager) EgressCredentials() (*egress.Secrets, bool) {
+	if m.o.Net == nil {
+		return nil, false
+	}
+	return m.o.Net.Secrets, m.o.Net.Tripwires
 }
 
 // EgressPolicy is the operator's allow-list when networked runs are

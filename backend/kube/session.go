@@ -76,6 +76,10 @@ type session struct {
 	// replica's proxy goes when this replica lets go of the pod.
 	egress *egress.Policy
 	files  map[string][]byte
+	// env and homeFiles go with every call (SessionOptions); kept in this
+	// process only, never on the pod, where anyone who may read pods
+	// would see them.
+	env, homeFiles map[string]string
 }
 
 // OpenSession starts a session in a pod of its own, never a warm one: a
@@ -90,6 +94,9 @@ func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (ru
 	}
 	if o.Idle <= 0 || o.Idle > o.Lifetime {
 		o.Idle = o.Lifetime
+	}
+	if err := runtime.CheckOverlay(o.Env, o.HomeFiles); err != nil {
+		return nil, err
 	}
 	now := time.Now()
 	pol := m.policy("airlock-"+o.ID, map[string]string{LabelSession: o.ID}, o.Limits, o.Lifetime+m.o.ScheduleTimeout+helloTimeout+time.Minute)
@@ -119,7 +126,7 @@ func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (ru
 	if err != nil {
 		return nil, err
 	}
-	ss := &session{m: m, p: p, id: o.ID, idle: o.Idle}
+	ss := &session{m: m, p: p, id: o.ID, idle: o.Idle, env: o.Env, homeFiles: o.HomeFiles}
 	if networked {
 		ss.networked(*o.Egress)
 	}
@@ -283,7 +290,7 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	if err := ss.begin(ctx, req.Limits.Timeout); err != nil {
 		return res, err
 	}
-	res, err = exchange.Run(ctx, ss.p, req, ss.files, true)
+	res, err = exchange.Run(ctx, ss.p, runtime.OverlayRequest(req, ss.env, ss.homeFiles), ss.files, true)
 	err = ss.p.noteAttempts(&res, err, true)
 	if ss.egress != nil {
 		res.EgressDenied = ss.m.o.Net.Proxy.TakeDenials(ss.id)

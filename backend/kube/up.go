@@ -117,7 +117,8 @@ func Up(ctx context.Context, cfg config.Config, log *slog.Logger) (*Manager, err
 func upEgress(cfg config.Config, log *slog.Logger) (*NetOptions, error) {
 	nc, k := cfg.Network, cfg.Kubernetes
 	st, err := egress.FromSettings(egress.Settings{Domains: nc.AllowDomains, Ports: nc.AllowPorts, CIDRs: nc.AllowCIDRs,
-		Hosts: nc.HostMap(), AllowPrivate: nc.AllowPrivate, CAFile: nc.CAFile, Logger: log.With("component", "egress")})
+		Hosts: nc.HostMap(), AllowPrivate: nc.AllowPrivate, CAFile: nc.CAFile, Allow: nc.Allow, Secrets: cfg.Secrets,
+		Tripwires: nc.Tripwires, StateDir: cfg.StateDir, Logger: log.With("component", "egress")})
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +133,7 @@ func upEgress(cfg config.Config, log *slog.Logger) (*NetOptions, error) {
 	}
 	go func() { _ = st.Proxy.Serve(ln) }()
 	log.Info("egress proxy listening", "listen", ln.Addr().String(), "advertised", addr.String(), "domains", st.Policy.Domains())
-	return &NetOptions{RuntimeClass: k.NetworkRuntimeClass, Proxy: st.Proxy, Policy: st.Policy, Addr: addr, CABundle: st.CABundle}, nil
+	return &NetOptions{RuntimeClass: k.NetworkRuntimeClass, Proxy: st.Proxy, Policy: st.Policy, Addr: addr, CABundle: st.CABundle, Secrets: st.Secrets, Tripwires: st.Tripwires}, nil
 }
 
 // proxyAddress is where networked pods reach this replica's proxy:

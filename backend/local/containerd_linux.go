@@ -124,6 +124,8 @@ type ContainerdManager struct {
 	breaker *runtime.Breaker
 	// restarts counts containerd going down and coming back.
 	restarts atomic.Uint64
+	// trips are the networked runs and sessions a tripwire can kill.
+	trips tripTargets
 	// live are the sandboxes this manager holds, by container id.
 	liveMu sync.Mutex
 	live   map[string]*sandbox
@@ -162,6 +164,9 @@ func NewContainerd(ctx context.Context, o Options) (*ContainerdManager, error) {
 	}
 	if err := os.MkdirAll(m.fifoDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create fifo dir: %w", err)
+	}
+	if o.Proxy != nil {
+		o.Proxy.OnTripwire(m.tripwire)
 	}
 	switch o.Shim {
 	case ShimRunc:

@@ -45,6 +45,19 @@ const (
 // returns the CA file that signs the HTTPS server's certificate.
 func testInternet(t *testing.T) (caFile string) {
 	t.Helper()
+	return startInternet(t, "allowed.test", "other.test").ca
+}
+
+// inet is a running test internet: its namespace, and the CA, certificate
+// and key of its HTTPS servers.
+type inet struct {
+	ns, ca, cert, key string
+}
+
+// startInternet is testInternet with the certificate's names given and
+// the namespace returned, for tests that serve more in it.
+func startInternet(t *testing.T, names ...string) inet {
+	t.Helper()
 	ns := "airlock-inet-" + runtime.NewRunID()[:6]
 	sh := func(args ...string) {
 		t.Helper()
@@ -64,7 +77,7 @@ func testInternet(t *testing.T) (caFile string) {
 	sh("ip", "-n", ns, "link", "set", "lo", "up")
 
 	dir := t.TempDir()
-	caFile, certFile, keyFile := writeCerts(t, dir, "allowed.test", "other.test")
+	caFile, certFile, keyFile := writeCerts(t, dir, names...)
 	www := filepath.Join(dir, "www")
 	_ = os.MkdirAll(filepath.Join(www, "simple", "tinypkg"), 0o755)
 	_ = os.WriteFile(filepath.Join(www, "hello.txt"), []byte("hello from the test internet\n"), 0o644)
@@ -101,7 +114,7 @@ s.serve_forever()
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
-	return caFile
+	return inet{ns: ns, ca: caFile, cert: certFile, key: keyFile}
 }
 
 // writeTinyIndex serves a PEP 503 "simple" index with one pure-Python wheel.

@@ -368,6 +368,9 @@ func (ss *session) Fork(ctx context.Context, o runtime.SessionOptions) (_ runtim
 	if ss.files != nil {
 		return nil, errors.New("a networked session cannot be forked: only sessions with network none can")
 	}
+	if err := runtime.CheckOverlay(o.Env, o.HomeFiles); err != nil {
+		return nil, err
+	}
 	m := ss.m
 	release, err := m.admission.Acquire(ctx)
 	if err != nil {

@@ -62,6 +62,8 @@ type sandbox struct {
 	// is off); violated is set at the first of a monitor.kill_on kind.
 	attempts *runtime.Attempts
 	violated atomic.Bool
+	// tripped is set when the proxy saw one of the run's tripwires.
+	tripped atomic.Bool
 }
 
 // step records how long the making of the sandbox has taken so far.
@@ -409,6 +411,10 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	if req.Language != runtime.Python && req.Language != runtime.Shell {
 		return res, fmt.Errorf("unknown language %q", req.Language)
 	}
+	// Before a sandbox is taken for it (exchange.Run checks again).
+	if err := runtime.CheckOverlay(req.Env, req.HomeFiles); err != nil {
+		return res, err
+	}
 	networked := req.Egress != nil
 	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
 		return res, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
@@ -429,8 +435,9 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	startRun := time.Now()
 	var files map[string][]byte
 	if networked {
+		forget := m.watchTrips(req.RunID, s)
 		unregister := m.o.Proxy.Register(s.att.IP, req.RunID, *req.Egress)
-		s.onDestroy(func(context.Context) { unregister() })
+		s.onDestroy(func(context.Context) { unregister(); forget() })
 		files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
 	}
 	if warm && s.attempts != nil {
@@ -440,6 +447,7 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	res, err = s.run(ctx, req, files, false)
 	noted := time.Now()
 	err = m.noteAttempts(s, &res, err, false)
+	err = noteTripwire(s, &res, err, false)
 	res.Warm = warm
 	if res.Timings != nil {
 		// The steps of the call's path, each as long as it took (Trace).

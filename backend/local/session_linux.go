@@ -48,6 +48,9 @@ func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOp
 	if networked && (m.o.Network == nil || m.o.Proxy == nil) {
 		return nil, errors.New("runtime: this server offers no network (network.allow_domains is empty)")
 	}
+	if err := runtime.CheckOverlay(o.Env, o.HomeFiles); err != nil {
+		return nil, err
+	}
 	s, _, err := m.acquire(ctx, o.ID, networked, o.Limits)
 	if err != nil {
 		return nil, err
@@ -60,8 +63,9 @@ func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOp
 		}
 	}()
 	if networked {
+		forget := m.watchTrips(o.ID, s)
 		unregister := m.o.Proxy.Register(s.att.IP, o.ID, *o.Egress)
-		s.onDestroy(func(context.Context) { unregister() })
+		s.onDestroy(func(context.Context) { unregister(); forget() })
 		ss.files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
 	}
 	if err := s.st.Send(driver.FrameSession, nil); err != nil {
@@ -101,9 +105,13 @@ func (ss *session) Run(ctx context.Context, req runtime.Request) (runtime.Result
 	}
 	ss.calls++
 	ss.used = time.Now()
+	// The session's own every call, as its files: the sandbox's
+	// environment was fixed before the session was known.
+	req = runtime.OverlayRequest(req, ss.o.Env, ss.o.HomeFiles)
 	res, err := ss.s.run(ctx, req, ss.files, true)
 	res.Resumed = resumed
 	err = ss.m.noteAttempts(ss.s, &res, err, true)
+	err = noteTripwire(ss.s, &res, err, true)
 	if ss.s.att != nil {
 		res.EgressDenied = ss.m.o.Proxy.TakeDenials(ss.id)
 	}

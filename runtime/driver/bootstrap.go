@@ -15,9 +15,11 @@ const OutDir = "/workspace/out"
 // run; numpy and pandas for a warm one by default), says "ready" on fd 4,
 // then reads commands from fd 3, one JSON line each:
 //
-//	{"path": "/.airlock/main.py", "mode": "once"|"session", "caps": {...}}
+//	{"path": "/.airlock/main.py", "mode": "once"|"session", "caps": {...}, "env": {...}}
 //
-// and runs the file like a notebook cell: in __main__ (fresh for "once",
+// sets "env", when there, in os.environ (the run's Work.Env: the worker
+// may have started before the run was known), and runs the file like a
+// notebook cell: in __main__ (fresh for "once",
 // kept across a session's cells), showing the value of a final
 // expression, with clean tracebacks whose line numbers are the user's.
 // After the cell it reports on fd 4, one JSON line: the exit status, the
@@ -118,6 +120,10 @@ def _airlock_serve():
             main = types.ModuleType("__main__")
             main.__builtins__ = builtins
             sys.modules["__main__"] = main
+        env = cmd.get("env")
+        if env:
+            # Through os.environ, so putenv passes it to subprocesses too.
+            os.environ.update(env)
         main.__file__ = cmd["path"]
         sys.argv = [cmd["path"]]
         rep = _airlock_cell(cmd["path"], main.__dict__, cmd.get("caps") or {})

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -381,10 +382,11 @@ type child struct {
 
 // startChild starts argv as the code's user with fresh output pipes,
 // stdin /dev/null and extra files as fds 3 and up; its own process group.
-// Its output pipes are non-blocking, for the relay's poll loop.
-func (d *driver) startChild(argv []string, extra ...*os.File) (*child, error) {
+// Its environment is the driver's (the sandbox's) overlaid with env. Its
+// output pipes are non-blocking, for the relay's poll loop.
+func (d *driver) startChild(argv []string, env map[string]string, extra ...*os.File) (*child, error) {
 	wd, _ := os.Getwd()
-	c, err := d.spawn(argv, spawnOpts{dir: wd, env: os.Environ(), setsid: true, extra: extra})
+	c, err := d.spawn(argv, spawnOpts{dir: wd, env: overlayEnv(os.Environ(), env), setsid: true, extra: extra})
 	if err != nil {
 		return nil, err
 	}
@@ -536,7 +538,9 @@ func (d *driver) startWorker(modules []string) (*worker, error) {
 		ctlW.Close()
 		return nil, err
 	}
-	c, err := d.startChild(append([]string{Python, "-c", pythonWorker}, modules...), ctlR, repW)
+	// The sandbox's environment only: a worker may be started before the
+	// run it serves is known; each cell brings its own (Work.Env).
+	c, err := d.startChild(append([]string{Python, "-c", pythonWorker}, modules...), nil, ctlR, repW)
 	ctlR.Close()
 	repW.Close()
 	if err != nil {
@@ -666,6 +670,13 @@ func (d *driver) run(work Work, session bool) (*Rich, Exit) {
 	default:
 		return nil, Exit{Code: 127, Error: fmt.Sprintf("unknown language %q", work.Lang)}
 	}
+	// The host checks these too; the driver does not rely on it.
+	if err := CheckEnv(work.Env); err != nil {
+		return nil, Exit{Code: 127, Error: "bad work frame: " + err.Error()}
+	}
+	if err := checkHomeFiles(work.HomeFiles); err != nil {
+		return nil, Exit{Code: 127, Error: "bad work frame: " + err.Error()}
+	}
 	if session {
 		file = fmt.Sprintf("cell-%d%s", d.cells, filepath.Ext(file))
 	}
@@ -679,11 +690,17 @@ func (d *driver) run(work Work, session bool) (*Rich, Exit) {
 		return nil, Exit{Code: 127, Error: err.Error()}
 	}
 	d.mark("placed")
+	if len(work.HomeFiles) > 0 {
+		if err := d.writeHomeFiles(work.HomeFiles); err != nil {
+			return nil, Exit{Code: 127, Error: err.Error()}
+		}
+		d.mark("home_files")
+	}
 	if work.Lang == "shell" {
 		if !session {
 			d.stopWorker() // its memory and processes are the script's now
 		}
-		c, err := d.startChild([]string{Bash, path})
+		c, err := d.startChild([]string{Bash, path}, work.Env)
 		if err != nil {
 			return nil, Exit{Code: 127, Error: "start the code: " + err.Error()}
 		}
@@ -708,7 +725,11 @@ func (d *driver) run(work Work, session bool) (*Rich, Exit) {
 	if session {
 		mode = "session"
 	}
-	cmd, _ := json.Marshal(map[string]any{"path": path, "mode": mode, "caps": work.Rich})
+	cell := map[string]any{"path": path, "mode": mode, "caps": work.Rich}
+	if len(work.Env) > 0 {
+		cell["env"] = work.Env // the worker sets it in os.environ before the cell
+	}
+	cmd, _ := json.Marshal(cell)
 	if _, err := d.worker.ctl.Write(append(cmd, '\n')); err != nil {
 		d.stopWorker()
 		return nil, Exit{Code: 127, Error: "start the code: " + err.Error(), Lost: session}
@@ -946,6 +967,29 @@ func (d *driver) place(file string, work Work) error {
 	for name, data := range work.Files {
 		if err := writeSmallFile(filepath.Join(d.codeDir, filepath.Base(name)), data); err != nil {
 			return fmt.Errorf("write %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// writeHomeFiles writes files into the code user's home, /workspace, mode
+// 0600, through the file helper: as the code's user, so that the files are
+// the code's own and a link or FIFO the code left under a name (a
+// session's /workspace is the code's) cannot make the driver, root, write
+// anywhere else. Names were checked (CheckHomeFile).
+func (d *driver) writeHomeFiles(files map[string][]byte) error {
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		payload, err := json.Marshal(FileOp{Op: "write", Path: name, Data: files[name], Mode: 0o600})
+		if err != nil {
+			return fmt.Errorf("home file %s: %w", name, err)
+		}
+		if res := d.fileOp(payload); res.Error != "" {
+			return fmt.Errorf("write home file %s: %s", name, res.Error)
 		}
 	}
 	return nil

@@ -575,3 +575,104 @@ func TestMemoryKilled(t *testing.T) {
 		}
 	}
 }
+
+// A run's Env reaches its code, shell or Python, cold or warm, overriding
+// the sandbox's own; its HomeFiles are in the workspace before the code
+// runs, the code user's, mode 0600.
+func TestWorkEnvAndHomeFiles(t *testing.T) {
+	env := map[string]string{"AIRLOCK_TEST_X": "v1", "LANG": "C"}
+	home := map[string][]byte{".netrc": []byte("machine x")}
+	checkHome := func(t *testing.T, p *peer) {
+		t.Helper()
+		path := filepath.Join(p.ws, ".netrc")
+		st, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode() != 0o600 || int(st.Sys().(*syscall.Stat_t).Uid) != p.uid {
+			t.Errorf(".netrc: mode %v uid %d, want -rw------- and %d", st.Mode(), st.Sys().(*syscall.Stat_t).Uid, p.uid)
+		}
+	}
+	py := "import os\nprint(os.environ['AIRLOCK_TEST_X'], os.environ['LANG'], open('.netrc').read())"
+	sh := `echo "$AIRLOCK_TEST_X $LANG $(cat .netrc) $(env | grep -c '^LANG=')"`
+	for _, c := range []struct {
+		name, lang, code, want string
+		args                   []string
+	}{
+		{"python cold", "python", py, "v1 C machine x\n", nil},
+		{"python warm", "python", py, "v1 C machine x\n", []string{"--preload", "--preload-modules="}},
+		{"shell", "shell", sh, "v1 C machine x 1\n", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := startDriver(t, c.args...)
+			p.send(FrameWork, Work{Lang: c.lang, Code: c.code, Env: env, HomeFiles: home})
+			if r := p.collect(); r.stdout != c.want || r.exit.Code != 0 {
+				t.Fatalf("stdout %q exit %+v (stderr %q), want %q", r.stdout, r.exit, r.stderr, c.want)
+			}
+			checkHome(t, p)
+		})
+	}
+
+	t.Run("session", func(t *testing.T) {
+		p := startDriver(t, "--preload", "--preload-modules=")
+		p.send(FrameSession, struct{}{})
+		// What the code left under the name is replaced, not followed.
+		if err := os.Symlink("/etc/passwd", filepath.Join(p.ws, ".netrc")); err != nil {
+			t.Fatal(err)
+		}
+		p.send(FrameWork, Work{Lang: "python", Code: py, Env: env, HomeFiles: home})
+		if r := p.collect(); r.exit.Error == "" || !strings.Contains(r.exit.Error, "symbolic link") {
+			t.Fatalf("over a symlink: %+v, want the write refused", r.exit)
+		}
+		if err := os.Remove(filepath.Join(p.ws, ".netrc")); err != nil {
+			t.Fatal(err)
+		}
+		// A FIFO would block the write until read: refused instead.
+		if err := syscall.Mkfifo(filepath.Join(p.ws, ".netrc"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(filepath.Join(p.ws, ".netrc"), p.uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		p.send(FrameWork, Work{Lang: "python", Code: py, Env: env, HomeFiles: home})
+		if r := p.collect(); !strings.Contains(r.exit.Error, "not a regular file") {
+			t.Fatalf("over a FIFO: %+v, want the write refused", r.exit)
+		}
+		if err := os.Remove(filepath.Join(p.ws, ".netrc")); err != nil {
+			t.Fatal(err)
+		}
+		// A file the code made, 0644: replaced and made 0600.
+		if r := (func() result {
+			p.send(FrameWork, Work{Lang: "shell", Code: "umask 022; echo old > .netrc"})
+			return p.collect()
+		})(); r.exit.Code != 0 {
+			t.Fatalf("shell: %+v", r)
+		}
+		for i, c := range []struct{ lang, code, want string }{
+			{"python", py, "v1 C machine x\n"},
+			{"shell", sh, "v1 C machine x 1\n"},
+			{"python", py, "v1 C machine x\n"},
+		} {
+			p.send(FrameWork, Work{Lang: c.lang, Code: c.code, Env: env, HomeFiles: home})
+			if r := p.collect(); r.stdout != c.want || r.exit.Code != 0 {
+				t.Fatalf("call %d: stdout %q exit %+v (stderr %q), want %q", i, r.stdout, r.exit, r.stderr, c.want)
+			}
+			checkHome(t, p)
+		}
+	})
+
+	t.Run("bad names refused", func(t *testing.T) {
+		for _, w := range []Work{
+			{Lang: "shell", Code: "echo ran", Env: map[string]string{"A=B": "v"}},
+			{Lang: "python", Code: "print('ran')", Env: map[string]string{"X": "a\x00b"}},
+			{Lang: "shell", Code: "echo ran", HomeFiles: map[string][]byte{"../x": nil}},
+			{Lang: "shell", Code: "echo ran", HomeFiles: map[string][]byte{"a/b": nil}},
+		} {
+			p := startDriver(t)
+			p.send(FrameWork, w)
+			if r := p.collect(); r.stdout != "" || !strings.HasPrefix(r.exit.Error, "bad work frame: ") {
+				t.Errorf("%+v: stdout %q exit %+v, want refused", w, r.stdout, r.exit)
+			}
+		}
+	})
+}

@@ -65,12 +65,32 @@ func doFileOp(root string, op FileOp) FileResult {
 	switch op.Op {
 	case "write":
 		name := parts[len(parts)-1]
-		fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+		perm := uint32(0o644)
+		if op.Mode != 0 {
+			perm = op.Mode & 0o777
+		}
+		// Non-blocking: a FIFO the code left under the name would hang
+		// the open until someone read it; it is refused (ENXIO) instead.
+		fd, err := unix.Openat(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, perm)
 		if err != nil {
 			return FileResult{Error: describe(op.Path, name, err)}
 		}
 		f := os.NewFile(uintptr(fd), name)
 		defer f.Close()
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return FileResult{Error: describe(op.Path, name, err)}
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return FileResult{Error: fmt.Sprintf("%s is not a regular file", op.Path)}
+		}
+		if op.Mode != 0 {
+			// Before the data: a file that was there keeps its mode
+			// through O_CREAT, and the umask may have narrowed a new one.
+			if err := unix.Fchmod(fd, perm); err != nil {
+				return FileResult{Error: describe(op.Path, name, err)}
+			}
+		}
 		if _, err := f.Write(op.Data); err != nil {
 			// No half-written file is left for the code to trip on.
 			_ = unix.Unlinkat(dir, name, 0)
@@ -163,6 +183,8 @@ func describe(p, component string, err error) string {
 		return fmt.Sprintf("%s: the workspace is full (limits.workspace_mb)", p)
 	case errors.Is(err, unix.EISDIR):
 		return fmt.Sprintf("%s is a directory", p)
+	case errors.Is(err, unix.ENXIO):
+		return fmt.Sprintf("%s is not a regular file", p)
 	default:
 		return fmt.Sprintf("%s: %v", p, err)
 	}

@@ -116,6 +116,18 @@ type Work struct {
 	Trace bool `json:"trace,omitempty"`
 	// Rich bounds what a Python run may return besides its output.
 	Rich RichCaps `json:"rich"`
+	// Env are variables for this piece of work only, overlaid on the
+	// sandbox's environment (fixed when it booted, before the run was
+	// known): a shell run's process gets them; a Python cell's
+	// interpreter sets them in os.environ before the cell, and a
+	// session's interpreter keeps them afterwards. Names are checked by
+	// CheckEnv; the frame is refused otherwise.
+	Env map[string]string `json:"env,omitempty"`
+	// HomeFiles are written into the code user's home, /workspace, by
+	// base name (CheckHomeFile), before the code runs: as the code's user,
+	// mode 0600, replacing a file of the same name. Bytes, not strings,
+	// so that JSON carries any content intact.
+	HomeFiles map[string][]byte `json:"home_files,omitempty"`
 }
 
 // RichCaps bound a run's rich results.
@@ -165,6 +177,10 @@ type FileOp struct {
 	// small ones' content, within Caps.
 	Since int64     `json:"since,omitempty"`
 	Caps  *RichCaps `json:"caps,omitempty"`
+	// Mode, when set, is the permission bits a "write" leaves the file
+	// with, whether it was there or not (Work.HomeFiles: 0600). Zero: a
+	// new file is 0644, an existing one keeps its own.
+	Mode uint32 `json:"mode,omitempty"`
 }
 
 // FileResult answers a FileOp.

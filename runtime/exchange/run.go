@@ -43,6 +43,18 @@ const exitedGrace = 250 * time.Millisecond
 // before its sandbox is killed.
 const InterruptWait = 3 * time.Second
 
+// homeFiles are Request.HomeFiles as the work frame carries them.
+func homeFiles(files map[string]string) map[string][]byte {
+	if len(files) == 0 {
+		return nil
+	}
+	out := make(map[string][]byte, len(files))
+	for name, data := range files {
+		out[name] = []byte(data)
+	}
+	return out
+}
+
 // Run sends the work and collects its output until the driver reports the
 // exit, the timeout passes (the sandbox is killed), or ctx ends.
 //
@@ -54,9 +66,15 @@ func Run(ctx context.Context, sb Sandbox, req runtime.Request, files map[string]
 	res := runtime.Result{RunID: req.RunID}
 	st := sb.Stream()
 	rich := req.Rich
-	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace, Rich: rich})
-	if err != nil {
+	// Refused here, before anything is sent: the driver would refuse it
+	// too, but its refusal reads as the sandbox's failure.
+	if err := runtime.CheckOverlay(req.Env, req.HomeFiles); err != nil {
 		return res, err
+	}
+	payload, err := json.Marshal(driver.Work{Lang: string(req.Language), Code: req.Code, Files: files, Trace: req.Trace, Rich: rich,
+		Env: req.Env, HomeFiles: homeFiles(req.HomeFiles)})
+	if err != nil {
+		return res, fmt.Errorf("encode work frame: %w", err)
 	}
 	stdout := runtime.NewCappedBuffer(req.Limits.StdoutBytes, runtime.OutputTap(req.Output, runtime.Stdout))
 	stderr := runtime.NewCappedBuffer(req.Limits.StderrBytes, runtime.OutputTap(req.Output, runtime.Stderr))

@@ -44,6 +44,10 @@ type Stack struct {
 	// Egress is the operator's policy when this instance offers networked
 	// runs, else nil.
 	Egress *egress.Policy
+	// Secrets are the operator's secrets and Tripwires says networked runs
+	// get fake credentials (both for the tool handlers to bind per call).
+	Secrets   *egress.Secrets
+	Tripwires bool
 	// net is the sandbox network's manager, when networked runs are offered.
 	net     *network.Manager
 	log     *slog.Logger
@@ -173,6 +177,7 @@ func Up(ctx context.Context, cfg config.Config, need Need, log *slog.Logger) (s 
 		default:
 			base.Network, base.Proxy, base.CABundle, base.ProxyPort = es.net, es.proxy, es.caBundle, es.port
 			s.Egress = &es.policy
+			s.Secrets, s.Tripwires = es.secrets, es.tripwires
 		}
 	}
 	shim := cfg.Runtime.Shim

@@ -23,6 +23,9 @@ type egressStack struct {
 	proxy    *egress.Server
 	caBundle []byte
 	port     int // the port this instance's proxy listens on
+	// secrets and tripwires are what calls may be given (Stack.Secrets).
+	secrets   *egress.Secrets
+	tripwires bool
 }
 
 // upNetwork prepares networked runs: policy, firewall (before any sandbox
@@ -32,7 +35,8 @@ type egressStack struct {
 func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack, error) {
 	nc := cfg.Network
 	st, err := egress.FromSettings(egress.Settings{Domains: nc.AllowDomains, Ports: nc.AllowPorts, CIDRs: nc.AllowCIDRs,
-		Hosts: nc.HostMap(), AllowPrivate: nc.AllowPrivate, CAFile: nc.CAFile, Logger: s.log.With("component", "egress")})
+		Hosts: nc.HostMap(), AllowPrivate: nc.AllowPrivate, CAFile: nc.CAFile, Allow: nc.Allow, Secrets: cfg.Secrets,
+		Tripwires: nc.Tripwires, StateDir: cfg.StateDir, Logger: s.log.With("component", "egress")})
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +69,7 @@ func (s *Stack) upNetwork(ctx context.Context, cfg config.Config) (*egressStack,
 	s.closers = append(s.closers, func(context.Context) { _ = proxy.Close() })
 	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "domains", pol.Domains())
 	metrics.Escapes.SetFirewall(func() uint64 { return firewallEscapes(nm) })
-	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca, port: ln.Addr().(*net.TCPAddr).Port}, nil
+	return &egressStack{policy: pol, net: nm, proxy: proxy, caBundle: ca, port: ln.Addr().(*net.TCPAddr).Port, secrets: st.Secrets, tripwires: st.Tripwires}, nil
 }
 
 // escapeCounters are the firewall's drop rules that only a sandbox trying

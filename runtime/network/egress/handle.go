@@ -56,6 +56,13 @@ type session struct {
 	// probe, such as a networked pod's driver's before its first work):
 	// no request, so neither counted nor logged above debug.
 	empty bool
+	// intercepted: TLS terminated by the proxy; requests counts the HTTP
+	// requests read inside it.
+	intercepted bool
+	requests    atomic.Int64
+	// reported: refusals were already counted one by one (reportDenial),
+	// so finish must not count the connection's reason again.
+	reported atomic.Bool
 }
 
 // abort closes both ends, unblocking whatever the handler is waiting on.
@@ -163,7 +170,7 @@ func (s *Server) finish(ss *session) {
 		return
 	}
 	metrics.EgressRequests.WithLabelValues(ss.decision).Inc()
-	if kind := escapeKind(ss.reason); kind != "" {
+	if kind := escapeKind(ss.reason); kind != "" && !ss.reported.Load() {
 		metrics.Escapes.Inc(kind)
 	}
 	attrs := []any{
@@ -175,6 +182,9 @@ func (s *Server) finish(ss *session) {
 	}
 	if ss.detail != nil {
 		attrs = append(attrs, "err", ss.detail.Error())
+	}
+	if ss.intercepted {
+		attrs = append(attrs, "intercepted", true, "requests", ss.requests.Load())
 	}
 	if ss.idled.Load() {
 		attrs = append(attrs, "idle_timeout", s.opts.IdleTimeout)
@@ -198,6 +208,12 @@ func escapeKind(reason string) string {
 		return metrics.EscapeDeniedDestination
 	case ReasonSNI:
 		return metrics.EscapeSNIMismatch
+	case ReasonRule:
+		return metrics.EscapeDeniedDestination
+	case ReasonSecretWrongHost, ReasonSecretPlainHTTP:
+		return metrics.EscapeSecretWrongHost
+	case ReasonTripwire:
+		return metrics.EscapeTripwire
 	case reasonUnregistered:
 		return metrics.EscapeUnregisteredSource
 	}
@@ -244,25 +260,40 @@ type target struct {
 	addrs   []netip.Addr // vetted; dial these, never the name
 }
 
-// open authorizes host:port for the session and dials the vetted address:
-// the one path from a request to an upstream connection. On refusal or a
-// failed dial it has answered the client and returns ok false.
-func (s *Server) open(ss *session, host string, port int) (t target, up net.Conn, ok bool) {
+// check authorizes host:port for the session; on refusal it has answered
+// the client.
+func (s *Server) check(ss *session, host string, port int) (target, bool) {
+	if trippedHost(ss.reg.policy, host) {
+		t := target{host: strings.ToLower(strings.TrimSuffix(host, ".")), port: port}
+		ss.host = t.host
+		ss.set(decisionDeny, ReasonTripwire, nil)
+		s.reportDenial(ss, Denial{Host: t.host, Port: port, Reason: ReasonTripwire, Method: ss.method})
+		writeResponse(ss.client, http.StatusForbidden, "Forbidden ("+ReasonTripwire+")",
+			"egress: exfiltration tripwire: a fake credential planted in this sandbox is in the host name; the run is being killed")
+		lingerClose(ss.client.Conn)
+		return t, false
+	}
 	t, reason, detail := s.authorize(s.ctx, ss.reg.policy, host, port)
 	ss.host = t.host
 	if reason != "" {
 		s.denyResponse(ss, t, reason, detail)
-		return t, nil, false
+		return t, false
 	}
+	return t, true
+}
+
+// connect dials the vetted t and attaches it to the session; on failure
+// it has answered the client.
+func (s *Server) connect(ss *session, t target) (up net.Conn, ok bool) {
 	up, err := s.dial(ss, t)
 	if err != nil {
 		s.dialFailed(ss, t, err)
-		return t, nil, false
+		return nil, false
 	}
 	if !ss.setUpstream(up) {
-		return t, nil, false
+		return nil, false
 	}
-	return t, up, true
+	return up, true
 }
 
 // authorize applies the run's policy and the private-address check to
@@ -291,7 +322,7 @@ func (s *Server) authorize(ctx context.Context, p Policy, rawHost string, port i
 	if !p.allowsName(name) {
 		return t, ReasonNotAllowed, nil
 	}
-	if !p.allowsPort(port) {
+	if !p.allowsHostPort(name, port) {
 		return t, ReasonPort, nil
 	}
 	addrs, err := s.resolve(ctx, name)
@@ -379,7 +410,21 @@ func (s *Server) serveConnect(ss *session, req *http.Request, br *bufio.Reader) 
 		return
 	}
 	ss.host, ss.port = host, port
-	t, up, ok := s.open(ss, host, port)
+	t, ok := s.check(ss, host, port)
+	if !ok {
+		return
+	}
+	if ss.reg.policy.needsInterception(t.host) {
+		if s.opts.CA == nil {
+			ss.set(decisionError, "no interception CA", nil)
+			writeResponse(ss.client, http.StatusBadGateway, "Bad Gateway", "egress: requests to "+t.host+" must be inspected, and this proxy has no CA to intercept them")
+			lingerClose(ss.client.Conn)
+			return
+		}
+		s.intercept(ss, t, br)
+		return
+	}
+	up, ok := s.connect(ss, t)
 	if !ok {
 		return
 	}
@@ -479,7 +524,17 @@ func (s *Server) serveHTTP(ss *session, req *http.Request, br *bufio.Reader) {
 		}
 	}
 	ss.host, ss.port = u.Hostname(), port
-	_, up, ok := s.open(ss, u.Hostname(), port)
+	t, ok := s.check(ss, u.Hostname(), port)
+	if !ok {
+		return
+	}
+	if ref, _ := s.inspect(ss, t, req, false); ref != nil {
+		ss.set(decisionDeny, ref.reason, nil)
+		writeResponse(ss.client, ref.code, http.StatusText(ref.code)+" ("+ref.reason+")", ref.msg)
+		lingerClose(ss.client.Conn)
+		return
+	}
+	up, ok := s.connect(ss, t)
 	if !ok {
 		return
 	}

@@ -188,7 +188,7 @@ func TestHelloTimeout(t *testing.T) {
 	if el := time.Since(start); el > 3*time.Second {
 		t.Errorf("incomplete ClientHello held for %s", el)
 	}
-	if d := h.srv.Denials("run1"); !slices.Equal(d, []Denial{{"allowed.test", 443, ReasonSNI}}) {
+	if d := h.srv.Denials("run1"); !slices.Equal(d, []Denial{{Host: "allowed.test", Port: 443, Reason: ReasonSNI}}) {
 		t.Errorf("Denials = %v", d)
 	}
 }
@@ -284,7 +284,7 @@ func TestMaxDenialsPerRun(t *testing.T) {
 	for _, host := range []string{"a.test", "a.test", "A.test.", "b.test", "c.test", "d.test"} {
 		h.raw(src, "GET http://"+host+"/ HTTP/1.1\r\n\r\n")
 	}
-	want := []Denial{{"a.test", 80, ReasonNotAllowed}, {"b.test", 80, ReasonNotAllowed}, {"c.test", 80, ReasonNotAllowed}}
+	want := []Denial{{Host: "a.test", Port: 80, Reason: ReasonNotAllowed}, {Host: "b.test", Port: 80, Reason: ReasonNotAllowed}, {Host: "c.test", Port: 80, Reason: ReasonNotAllowed}}
 	if got := h.srv.Denials("run1"); !slices.Equal(got, want) {
 		t.Errorf("Denials = %v, want %v (distinct, first seen, capped)", got, want)
 	}

@@ -33,6 +33,8 @@ type Policy struct {
 	domains []pattern      // sorted, deduplicated
 	ports   []int          // sorted, deduplicated
 	cidrs   []netip.Prefix // deduplicated, in the order given
+	rules   []rule         // network.allow entries; they restrict the hosts they match
+	creds   *Credentials   // one run's secrets and tripwires; nil: none
 }
 
 // pattern is one parsed allow-list entry. For an exact pattern, name is the
@@ -132,7 +134,7 @@ func ParsePolicy(domains []string, ports []int, cidrs []string) (Policy, error) 
 // An empty list yields a policy that allows no domain at all; a caller that
 // wants the operator's list unchanged uses p itself.
 func (p Policy) Narrow(domains []string) (Policy, error) {
-	out := Policy{ports: p.ports, cidrs: p.cidrs}
+	out := Policy{ports: p.ports, cidrs: p.cidrs, rules: p.rules, creds: p.creds}
 	var uncovered []string
 	for _, d := range domains {
 		q, err := parsePattern(d)
@@ -166,7 +168,7 @@ func (p Policy) Covers(d string) (bool, error) {
 // exists for one purpose: a human granting a domain to one call. Policies
 // from configuration are built with ParsePolicy and only ever narrowed.
 func (p Policy) Widen(domains []string) (Policy, error) {
-	out := Policy{ports: p.ports, cidrs: p.cidrs, domains: slices.Clone(p.domains)}
+	out := Policy{ports: p.ports, cidrs: p.cidrs, rules: p.rules, creds: p.creds, domains: slices.Clone(p.domains)}
 	for _, d := range domains {
 		q, err := parsePattern(d)
 		if err != nil {

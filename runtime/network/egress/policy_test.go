@@ -191,3 +191,76 @@ func TestNarrow(t *testing.T) {
 		t.Errorf("narrowed policy matches wrongly: %v", n)
 	}
 }
+
+func TestAllowRules(t *testing.T) {
+	base, err := ParsePolicy([]string{"*.example.com"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		rule AllowRule
+		want string // error text; "" for valid
+	}{
+		{"valid", AllowRule{Domain: "api.example.com", Methods: []string{"get"}, Paths: []string{"/v1/", "/health"}}, ""},
+		{"url", AllowRule{Domain: "https://api.example.com"}, "bare domain"},
+		{"connect", AllowRule{Domain: "a.test", Methods: []string{"CONNECT"}}, "handles CONNECT itself"},
+		{"bad method", AllowRule{Domain: "a.test", Methods: []string{"G ET"}}, "HTTP method"},
+		{"relative path", AllowRule{Domain: "a.test", Paths: []string{"v1"}}, "clean absolute prefix"},
+		{"dotdot path", AllowRule{Domain: "a.test", Paths: []string{"/v1/../admin"}}, "clean absolute prefix"},
+		{"escaped path", AllowRule{Domain: "a.test", Paths: []string{"/v1%2f"}}, "clean absolute prefix"},
+		{"bad port", AllowRule{Domain: "a.test", Ports: []int{70000}}, "between 1 and 65535"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := base.WithRules([]AllowRule{tc.rule})
+			if (err == nil) != (tc.want == "") || err != nil && !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	p, err := base.WithRules([]AllowRule{
+		{Domain: "api.example.com", Methods: []string{"GET"}, Paths: []string{"/v1/", "/health"}},
+		{Domain: "ws.test", Ports: []int{8443}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		host         string
+		port         int
+		method, path string
+		ok           bool
+	}{
+		{"api.example.com", 443, "GET", "/v1/users", true},
+		{"api.example.com", 443, "GET", "/v1/", true},
+		{"api.example.com", 443, "GET", "/v1", true},
+		{"api.example.com", 443, "GET", "/health", true},
+		{"api.example.com", 443, "GET", "/healthz", false},
+		{"api.example.com", 443, "GET", "/health/x", true},
+		{"api.example.com", 443, "POST", "/v1/users", false},
+		{"api.example.com", 443, "GET", "/v1//users", false},
+		{"api.example.com", 443, "GET", "/v1/./users", false},
+		{"api.example.com", 443, "GET", "/v2/users", false},
+		{"www.example.com", 443, "DELETE", "/anything", true}, // no rule: the wildcard's any method
+	} {
+		got := p.checkRequest(tc.host, tc.port, tc.method, tc.path) == ""
+		if got != tc.ok {
+			t.Errorf("%s %s%s: allowed=%v, want %v (%s)", tc.method, tc.host, tc.path, got, tc.ok, p.checkRequest(tc.host, tc.port, tc.method, tc.path))
+		}
+	}
+	// A rule's own port is allowed for its host only.
+	if !p.allowsHostPort("ws.test", 8443) || p.allowsHostPort("ws.test", 443) || p.allowsHostPort("www.example.com", 8443) {
+		t.Error("rule ports leak to or from other hosts")
+	}
+	if !p.allowsName("ws.test") {
+		t.Error("a rule's domain is not allowed")
+	}
+	// Narrowing keeps the rules of what is kept.
+	n, err := p.Narrow([]string{"api.example.com"})
+	if err != nil || n.checkRequest("api.example.com", 443, "POST", "/v1/") == "" {
+		t.Errorf("narrowed: %v, rules lost", err)
+	}
+	if !p.needsL7("api.example.com") || p.needsL7("ws.test") || p.needsL7("www.example.com") {
+		t.Error("needsL7")
+	}
+}

@@ -2,6 +2,7 @@ package egress
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +45,9 @@ type Denial struct {
 	Host   string // as requested, lower case, without a trailing dot
 	Port   int
 	Reason string // one of the Reason constants
+	// Method and Path are set for a refused request the proxy could read
+	// (plain HTTP, or HTTPS it intercepts).
+	Method, Path string
 }
 
 // Options configure a Server. Every zero field takes the matching default,
@@ -90,6 +94,13 @@ type Options struct {
 	IdleTimeout time.Duration
 	// Logger receives one record per connection; default slog.Default().
 	Logger *slog.Logger
+	// CA signs the certificates of intercepted hosts. Without it, hosts
+	// whose policy needs interception (an L7 rule, a secret, tripwires)
+	// are refused rather than tunnelled unchecked.
+	CA *CA
+	// UpstreamRoots verify intercepted hosts' certificates; default the
+	// system roots.
+	UpstreamRoots *x509.CertPool
 }
 
 // Server is the egress proxy. Sandboxes reach it from their own source IP,
@@ -112,6 +123,16 @@ type Server struct {
 	sessions  map[*session]struct{}
 	closed    bool
 	wg        sync.WaitGroup
+	onTrip    func(runID string, d Denial)
+}
+
+// OnTripwire sets the function called once per tripped request with the
+// run id and the denial: the backend kills the run. The backend is built
+// after its proxy, hence a setter.
+func (s *Server) OnTripwire(fn func(runID string, d Denial)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onTrip = fn
 }
 
 // registration binds one source IP to a run's policy. Its sessions are

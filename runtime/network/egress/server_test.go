@@ -356,7 +356,7 @@ func TestNonTLSOn443(t *testing.T) {
 	if n, err := tun.Read(make([]byte, 1)); err == nil {
 		t.Fatalf("tunnel still open after plain text on 443 (read %d bytes)", n)
 	}
-	if got := h.srv.Denials("run1"); !slices.Equal(got, []Denial{{"allowed.test", 443, ReasonSNI}}) {
+	if got := h.srv.Denials("run1"); !slices.Equal(got, []Denial{{Host: "allowed.test", Port: 443, Reason: ReasonSNI}}) {
 		t.Errorf("Denials = %v", got)
 	}
 	h.waitLogs(1)
@@ -390,7 +390,7 @@ func TestConnectRefusesNonTLS(t *testing.T) {
 			if n, err := tun.Read(make([]byte, 64)); err == nil {
 				t.Fatalf("tunnel still open after %q (read %d bytes)", tc.first, n)
 			}
-			if got := h.srv.Denials("run1"); !slices.Equal(got, []Denial{{"allowed.test", upPort, ReasonSNI}}) {
+			if got := h.srv.Denials("run1"); !slices.Equal(got, []Denial{{Host: "allowed.test", Port: upPort, Reason: ReasonSNI}}) {
 				t.Errorf("Denials = %v", got)
 			}
 			h.waitLogs(1)
@@ -425,40 +425,40 @@ func TestDenials(t *testing.T) {
 	}
 	tests := []denialCase{
 		{name: "name not in list", host: "evil.test", port: 80, domains: []string{"allowed.test"},
-			want: Denial{"evil.test", 80, ReasonNotAllowed}},
+			want: Denial{Host: "evil.test", Port: 80, Reason: ReasonNotAllowed}},
 		{name: "apex of wildcard", host: "allowed.test", port: 80, domains: []string{"*.allowed.test"},
-			want: Denial{"allowed.test", 80, ReasonNotAllowed}},
+			want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonNotAllowed}},
 		{name: "case and trailing dot normalized", host: "EVIL.test.", port: 80, domains: []string{"allowed.test"},
-			want: Denial{"evil.test", 80, ReasonNotAllowed}},
+			want: Denial{Host: "evil.test", Port: 80, Reason: ReasonNotAllowed}},
 		{name: "wrong port", host: "allowed.test", port: 8080, domains: []string{"allowed.test"},
-			want: Denial{"allowed.test", 8080, ReasonPort}},
+			want: Denial{Host: "allowed.test", Port: 8080, Reason: ReasonPort}},
 		{name: "IP literal", host: "127.0.0.1", port: 80, domains: []string{"allowed.test"},
-			want: Denial{"127.0.0.1", 80, ReasonIPLiteral}},
+			want: Denial{Host: "127.0.0.1", Port: 80, Reason: ReasonIPLiteral}},
 		{name: "IPv6 literal", host: "::1", port: 80, domains: []string{"allowed.test"}, cidrs: []string{"127.0.0.0/8"},
-			want: Denial{"::1", 80, ReasonIPLiteral}},
+			want: Denial{Host: "::1", Port: 80, Reason: ReasonIPLiteral}},
 		{name: "IP literal outside CIDR", host: "127.0.0.2", port: 80, cidrs: []string{"127.0.0.1/32"},
-			want: Denial{"127.0.0.2", 80, ReasonIPLiteral}},
+			want: Denial{Host: "127.0.0.2", Port: 80, Reason: ReasonIPLiteral}},
 		{name: "IP literal in CIDR but private", host: "127.0.0.1", port: 80, cidrs: []string{"127.0.0.0/8"}, private: noExempt,
-			want: Denial{"127.0.0.1", 80, ReasonPrivate}},
+			want: Denial{Host: "127.0.0.1", Port: 80, Reason: ReasonPrivate}},
 		{name: "IP literal in CIDR, wrong port", host: "127.0.0.1", port: 81, cidrs: []string{"127.0.0.0/8"},
-			want: Denial{"127.0.0.1", 81, ReasonPort}},
+			want: Denial{Host: "127.0.0.1", Port: 81, Reason: ReasonPort}},
 		{name: "host map to loopback without exemption", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap("127.0.0.1"), private: noExempt, want: Denial{"allowed.test", 80, ReasonPrivate}},
+			hosts: hostMap("127.0.0.1"), private: noExempt, want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonPrivate}},
 		{name: "host map to RFC 1918", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap("10.1.2.3"), private: noExempt, want: Denial{"allowed.test", 80, ReasonPrivate}},
+			hosts: hostMap("10.1.2.3"), private: noExempt, want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonPrivate}},
 		{name: "host map to link-local", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap("169.254.77.77"), private: noExempt, want: Denial{"allowed.test", 80, ReasonPrivate}},
+			hosts: hostMap("169.254.77.77"), private: noExempt, want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonPrivate}},
 		{name: "one bad address among good ones", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap("127.0.0.1", "10.1.2.3"), want: Denial{"allowed.test", 80, ReasonPrivate}},
+			hosts: hostMap("127.0.0.1", "10.1.2.3"), want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonPrivate}},
 		{name: "mapped address in host map", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap("::ffff:127.0.0.1"), want: Denial{"allowed.test", 80, ReasonPrivate}},
+			hosts: hostMap("::ffff:127.0.0.1"), want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonPrivate}},
 		{name: "metadata even when exempted", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
 			hosts: hostMap("100.100.100.200"), private: []netip.Prefix{netip.MustParsePrefix("100.64.0.0/10")},
-			want: Denial{"allowed.test", 80, ReasonPrivate}},
+			want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonPrivate}},
 		{name: "empty host map entry", host: "allowed.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap(), want: Denial{"allowed.test", 80, ReasonResolve}},
+			hosts: hostMap(), want: Denial{Host: "allowed.test", Port: 80, Reason: ReasonResolve}},
 		{name: "name check before resolution", host: "nothere.test", port: 80, domains: []string{"allowed.test"},
-			hosts: hostMap("10.1.2.3"), want: Denial{"nothere.test", 80, ReasonNotAllowed}},
+			hosts: hostMap("10.1.2.3"), want: Denial{Host: "nothere.test", Port: 80, Reason: ReasonNotAllowed}},
 	}
 	for _, tt := range tests {
 		for _, form := range []string{"CONNECT", "GET"} {
@@ -577,7 +577,7 @@ func TestResolver(t *testing.T) {
 		h := newHarness(t, Options{Resolver: &fakeResolver{}})
 		h.register(src, "run1", []string{"missing.test"}, nil, nil)
 		resp, _ := h.raw(src, "GET http://missing.test/ HTTP/1.1\r\n\r\n")
-		if resp.StatusCode != 403 || !slices.Equal(h.srv.Denials("run1"), []Denial{{"missing.test", 80, ReasonResolve}}) {
+		if resp.StatusCode != 403 || !slices.Equal(h.srv.Denials("run1"), []Denial{{Host: "missing.test", Port: 80, Reason: ReasonResolve}}) {
 			t.Errorf("status %s, denials %v", resp.Status, h.srv.Denials("run1"))
 		}
 	})
@@ -664,7 +664,7 @@ func TestSources(t *testing.T) {
 		if d := h.srv.Denials("run-a"); len(d) != 0 {
 			t.Errorf("run-a denials %v", d)
 		}
-		if d := h.srv.Denials("run-b"); !slices.Equal(d, []Denial{{"allowed.test", upPort, ReasonNotAllowed}}) {
+		if d := h.srv.Denials("run-b"); !slices.Equal(d, []Denial{{Host: "allowed.test", Port: upPort, Reason: ReasonNotAllowed}}) {
 			t.Errorf("run-b denials %v", d)
 		}
 	})

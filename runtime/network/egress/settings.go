@@ -1,6 +1,8 @@
 package egress
 
 import (
+	"crypto/x509"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -22,7 +24,15 @@ type Settings struct {
 	AllowPrivate []string
 	// CAFile is a PEM bundle sandboxes trust beside the system's.
 	CAFile string
-	Logger *slog.Logger
+	// Allow are network.allow's rules.
+	Allow []AllowRule
+	// Secrets are the top-level secrets entries.
+	Secrets []SecretSpec
+	// Tripwires is network.tripwires.
+	Tripwires bool
+	// StateDir holds the interception CA, created when first needed.
+	StateDir string
+	Logger   *slog.Logger
 }
 
 // Stack is a proxy built from Settings, not yet listening: the
@@ -32,6 +42,10 @@ type Stack struct {
 	Policy   Policy
 	Proxy    *Server
 	CABundle []byte
+	// Secrets are the loaded secrets (nil when none are configured);
+	// Tripwires says every networked run gets them.
+	Secrets   *Secrets
+	Tripwires bool
 }
 
 // FromSettings parses the settings and builds the proxy, naming the
@@ -40,6 +54,22 @@ func FromSettings(s Settings) (Stack, error) {
 	pol, err := ParsePolicy(s.Domains, s.Ports, s.CIDRs)
 	if err != nil {
 		return Stack{}, fmt.Errorf("network.allow_domains/allow_ports/allow_cidrs: %w", err)
+	}
+	if pol, err = pol.WithRules(s.Allow); err != nil {
+		return Stack{}, err
+	}
+	var secrets *Secrets
+	if len(s.Secrets) > 0 {
+		if secrets, err = LoadSecrets(s.Secrets, os.Getenv); err != nil {
+			return Stack{}, err
+		}
+		for _, name := range secrets.Names() {
+			for _, h := range secrets.Hosts(name) {
+				if ok, _ := pol.Covers(h); !ok {
+					return Stack{}, fmt.Errorf("secrets (%s): host %q is not in network.allow_domains or network.allow, so the secret could never be sent: add it there", name, h)
+				}
+			}
+		}
 	}
 	hosts := map[string][]netip.Addr{}
 	for name, addrs := range s.Hosts {
@@ -59,18 +89,41 @@ func FromSettings(s Settings) (Stack, error) {
 		}
 		private = append(private, pp)
 	}
-	var ca []byte
+	var bundle, extra []byte
+	var roots *x509.CertPool
 	if s.CAFile != "" {
-		extra, err := os.ReadFile(s.CAFile)
-		if err != nil {
+		if extra, err = os.ReadFile(s.CAFile); err != nil {
 			return Stack{}, fmt.Errorf("network.ca_file: %w", err)
 		}
 		system, _ := os.ReadFile(systemCABundle)
-		ca = append(append(system, '\n'), extra...)
+		bundle = append(append(system, '\n'), extra...)
+		// Intercepted hosts are verified as the sandbox would verify them.
+		if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(extra) {
+			return Stack{}, fmt.Errorf("network.ca_file %s: no PEM certificate in it", s.CAFile)
+		}
 	}
-	proxy, err := New(Options{Hosts: hosts, AllowedPrivate: private, Logger: s.Logger})
+	// The CA exists only where something needs interception, so a plain
+	// allow-list keeps blind tunnels and an unchanged trust store.
+	var ca *CA
+	if pol.anyL7() || secrets != nil || s.Tripwires {
+		if s.StateDir == "" {
+			return Stack{}, errors.New("network.allow rules, secrets and network.tripwires need state_dir for the interception CA")
+		}
+		if ca, err = LoadOrCreateCA(s.StateDir); err != nil {
+			return Stack{}, err
+		}
+		if bundle == nil {
+			system, _ := os.ReadFile(systemCABundle)
+			bundle = system
+		}
+		bundle = append(append(bundle, '\n'), ca.CertPEM()...)
+	}
+	proxy, err := New(Options{Hosts: hosts, AllowedPrivate: private, Logger: s.Logger, CA: ca, UpstreamRoots: roots})
 	if err != nil {
 		return Stack{}, err
 	}
-	return Stack{Policy: pol, Proxy: proxy, CABundle: ca}, nil
+	return Stack{Policy: pol, Proxy: proxy, CABundle: bundle, Secrets: secrets, Tripwires: s.Tripwires}, nil
 }

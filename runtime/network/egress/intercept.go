@@ -1,0 +1,248 @@
+package egress
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// errSNIMismatch fails an intercepted handshake whose SNI names another
+// host than the CONNECT target.
+var errSNIMismatch = errors.New("SNI does not name the CONNECT host")
+
+// errEncodedResponse refuses a response the proxy would have to redact
+// but cannot read.
+var errEncodedResponse = errors.New("the upstream sent a compressed response to a request that carried a secret; it cannot be checked for the secret's value, so it is not relayed")
+
+// redactKey carries a request's redaction needles to ModifyResponse.
+type redactKey struct{}
+
+// intercept terminates the sandbox's TLS for t with a leaf certificate
+// the run's CA signed, and serves the HTTP/1.1 or HTTP/2 requests inside
+// it: each is inspected (rules, secrets, tripwires) and forwarded over
+// the proxy's own TLS connection to the vetted address, whose certificate
+// is verified against UpstreamRoots. Only hosts whose policy needs to
+// read requests come here; the rest stay blind tunnels.
+func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
+	ss.intercepted = true
+	if _, err := io.WriteString(ss.client, "HTTP/1.1 200 Connection established\r\n\r\n"); err != nil {
+		ss.set(decisionError, "client write failed", err)
+		return
+	}
+	stop := s.startIdleTimer(ss)
+	defer stop()
+	leaf, err := s.opts.CA.leaf(t.host)
+	if err != nil {
+		ss.set(decisionError, "leaf certificate", err)
+		return
+	}
+	cfg := &tls.Config{
+		GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if !sniMatches(hello.ServerName, t) {
+				return nil, fmt.Errorf("%w: SNI %q, CONNECT host %q", errSNIMismatch, hello.ServerName, t.host)
+			}
+			return leaf, nil
+		},
+		NextProtos: []string{"h2", "http/1.1"},
+		MinVersion: tls.VersionTLS12,
+	}
+	_ = ss.client.SetReadDeadline(time.Now().Add(s.opts.HelloTimeout))
+	tc := tls.Server(&bufferedConn{Conn: ss.client, r: br}, cfg)
+	if err := tc.HandshakeContext(s.ctx); err != nil {
+		if errors.Is(err, errSNIMismatch) {
+			s.deny(ss, t, ReasonSNI, err)
+		} else {
+			ss.set(decisionReject, "TLS handshake with the sandbox failed", err)
+		}
+		return
+	}
+	_ = ss.client.SetReadDeadline(time.Time{})
+	ss.set(decisionAllow, "", nil)
+
+	transport := s.upstreamTransport(ss, t)
+	defer transport.CloseIdleConnections()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "https"
+			pr.Out.URL.Host = authority(t)
+			pr.Out.Host = ""
+		},
+		Transport:      transport,
+		ModifyResponse: modifyResponse,
+		ErrorLog:       log.New(io.Discard, "", 0),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, errStopped) || errors.Is(r.Context().Err(), context.Canceled) {
+				return
+			}
+			// An upstream error may quote the rewritten request: it goes
+			// to the sandbox and the log only with the secrets put back
+			// as placeholders.
+			msg := err.Error()
+			redact, _ := r.Context().Value(redactKey{}).([]needle)
+			for _, n := range redact {
+				msg = strings.ReplaceAll(msg, string(n.find), string(n.repl))
+			}
+			ss.detail = errors.New(msg)
+			http.Error(w, "egress: "+msg, http.StatusBadGateway)
+		},
+	}
+	var handlers sync.WaitGroup
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handlers.Add(1)
+		defer handlers.Done()
+		ss.requests.Add(1)
+		if !authorityMatches(r.Host, t) {
+			s.report(ss, t, r, ReasonSNI)
+			http.Error(w, fmt.Sprintf("egress: this connection is for %s; the request names %q", authority(t), r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		ref, redact := s.inspect(ss, t, r, true)
+		if ref != nil {
+			ss.set(decisionDeny, ref.reason, nil)
+			w.Header().Set("Connection", "close")
+			http.Error(w, ref.msg, ref.code)
+			return
+		}
+		rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), redactKey{}, redact)))
+	})
+	l := &oneConnListener{c: tc, done: make(chan struct{})}
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: s.opts.HeaderTimeout,
+		IdleTimeout:       s.opts.IdleTimeout,
+		MaxHeaderBytes:    s.opts.MaxHeaderBytes,
+		ErrorLog:          log.New(io.Discard, "", 0),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				l.Close()
+			}
+		},
+	}
+	_ = srv.Serve(l)
+	handlers.Wait() // a hijacked (WebSocket) exchange outlives the conn state
+}
+
+// modifyResponse redacts the secrets the request carried from the
+// response before it reaches the sandbox.
+func modifyResponse(resp *http.Response) error {
+	redact, _ := resp.Request.Context().Value(redactKey{}).([]needle)
+	if len(redact) == 0 || resp.StatusCode == http.StatusSwitchingProtocols {
+		return nil
+	}
+	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return errEncodedResponse
+	}
+	redactHeader(resp.Header, redact)
+	resp.Body = newScanner(resp.Body, redact)
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+	return nil
+}
+
+// upstreamTransport dials t's vetted addresses (never the name) and
+// verifies the upstream's certificate for t.host.
+func (s *Server) upstreamTransport(ss *session, t target) *http.Transport {
+	return &http.Transport{
+		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := s.dial(ss, t)
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(c, &tls.Config{
+				ServerName: t.host,
+				RootCAs:    s.opts.UpstreamRoots,
+				NextProtos: []string{"h2", "http/1.1"},
+				MinVersion: tls.VersionTLS12,
+			})
+			hctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
+			defer cancel()
+			if err := tc.HandshakeContext(hctx); err != nil {
+				_ = c.Close()
+				return nil, fmt.Errorf("TLS to %s: %w", t.host, err)
+			}
+			return tc, nil
+		},
+		ForceAttemptHTTP2:      true,
+		DisableCompression:     true,
+		MaxResponseHeaderBytes: int64(s.opts.MaxResponseHeaderBytes),
+		IdleConnTimeout:        s.opts.IdleTimeout,
+		ResponseHeaderTimeout:  s.opts.IdleTimeout,
+	}
+}
+
+// authority is t as a request's Host: the port only when not 443.
+func authority(t target) string {
+	h := t.host
+	if strings.Contains(h, ":") {
+		h = "[" + h + "]"
+	}
+	if t.port == 443 {
+		return h
+	}
+	return h + ":" + strconv.Itoa(t.port)
+}
+
+// authorityMatches requires a request inside an intercepted connection
+// to name the connection's host (and port, if it names one): otherwise
+// one allowed name's connection would carry requests for another site of
+// the same front end.
+func authorityMatches(hostport string, t target) bool {
+	host, port := hostport, ""
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		host, port = h, p
+	}
+	if port != "" && port != strconv.Itoa(t.port) {
+		return false
+	}
+	if t.literal {
+		return strings.Trim(host, "[]") == t.host
+	}
+	name, err := normalizeName(host)
+	return err == nil && name == t.host
+}
+
+// bufferedConn reads what the request reader already buffered (an eager
+// ClientHello) before the connection itself.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// oneConnListener hands one connection to an http.Server, then blocks
+// until Close.
+type oneConnListener struct {
+	c    net.Conn
+	once sync.Once
+	done chan struct{}
+	shut sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.c })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error {
+	l.shut.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *oneConnListener) Addr() net.Addr { return l.c.LocalAddr() }
