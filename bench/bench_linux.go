@@ -108,6 +108,8 @@ type Report struct {
 	Targets []Target `json:"targets"`
 	// Costs of the safe defaults, when the safety variants ran.
 	Costs []Cost `json:"costs,omitempty"`
+	// Egress is the proxy's HTTPS latency: direct, tunnelled, intercepted.
+	Egress []EgressLatency `json:"egress,omitempty"`
 }
 
 // Machine says where the numbers were taken.
@@ -194,6 +196,11 @@ func Run(ctx context.Context, s *boot.Stack, o Options) (*Report, error) {
 			o.Log.Info("bench memory", "preload", preload, "pss_mib", mem.PerSandboxPSS, "idle", mem.Idle)
 			rep.Memory = append(rep.Memory, mem)
 		}
+	}
+	// The proxy's cost is measured in-process: a few hundred loopback
+	// requests, seconds in all.
+	if rep.Egress, err = MeasureEgress(ctx, max(50, 4*o.Iterations)); err != nil {
+		o.Log.Warn("egress proxy latency not measured", "err", err)
 	}
 	rep.Targets = targets(rep)
 	rep.Costs = costs(rep)

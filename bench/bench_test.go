@@ -140,3 +140,24 @@ not json
 		t.Errorf("steps of r2, written after the take began = %v", got)
 	}
 }
+
+// The egress rows come from the real proxy on loopback: every path
+// answers, and interception is measured, not assumed.
+func TestMeasureEgress(t *testing.T) {
+	rows, err := MeasureEgress(t.Context(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 6 {
+		t.Fatalf("%d rows, want direct, tunnelled and intercepted, each new and kept alive", len(rows))
+	}
+	for _, r := range rows {
+		if r.N != 5 || r.P50 <= 0 || r.P95 < r.P50 {
+			t.Errorf("row %+v", r)
+		}
+	}
+	md := (&Report{Egress: rows}).Markdown()
+	if !strings.Contains(md, "| intercepted | kept alive | 5 |") {
+		t.Errorf("report:\n%s", md)
+	}
+}

@@ -225,6 +225,13 @@ func (r *Report) Markdown() string {
 			fmt.Fprintf(&b, "| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.0f |\n", c.Name, c.Program, c.Safe, c.Fast, 100*(c.Safe/c.Fast-1), c.SafeCPU, c.FastCPU)
 		}
 	}
+	if len(r.Egress) > 0 {
+		b.WriteString("\nThe egress proxy's HTTPS cost: GET of 1 KiB from an HTTPS server on loopback, through the real proxy in-process (HTTP/2 where both ends offer it):\n\n")
+		b.WriteString("| path | connection | n | p50 ms | p95 ms |\n| --- | --- | ---: | ---: | ---: |\n")
+		for _, e := range r.Egress {
+			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f |\n", e.Path, e.Connection, e.N, e.P50, e.P95)
+		}
+	}
 	b.WriteString(r.stepsMarkdown())
 	b.WriteString("\n| target | goal | measured | met |\n| --- | --- | --- | --- |\n")
 	for _, t := range r.Targets {

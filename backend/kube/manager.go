@@ -109,6 +109,8 @@ type Manager struct {
 	lease     *instanceLease
 	pool      *pool // nil when PoolSize is 0
 	teardowns runtime.Teardowns
+	// trips are the networked runs and sessions a tripwire can end.
+	trips tripTargets
 	// leaving marks this instance's Lease once it shuts down (handoff.go).
 	leaving    sync.Once
 	leavingErr error
@@ -146,6 +148,9 @@ func New(ctx context.Context, o Options) (*Manager, error) {
 	m := &Manager{o: o,
 		admission: runtime.NewAdmission(o.Concurrency, o.Queue, o.QueueWait),
 		breaker:   runtime.NewBreaker(o.Breaker),
+	}
+	if o.Net != nil {
+		o.Net.Proxy.OnTripwire(m.tripwire)
 	}
 	l, err := startLease(ctx, o.Client, o.Namespace, o.InstanceID, o.Address, o.LeaseDuration, m.sweep, o.Log)
 	if err != nil {
@@ -268,7 +273,9 @@ func (m *Manager) register(p *pod, id string, pol egress.Policy) error {
 	if err != nil {
 		return runtime.Infra("sandbox pod address", fmt.Errorf("%q: %w", p.ip, err))
 	}
-	unregister := m.o.Net.Proxy.Register(ip, id, pol)
+	forget := m.watchTrips(id, p)
+	unreg := m.o.Net.Proxy.Register(ip, id, pol)
+	unregister := func() { unreg(); forget() }
 	p.letGo() // a registration this pod had: replaced
 	p.unregister.Store(&unregister)
 	return nil

@@ -124,8 +124,11 @@ func (p *pod) watchAttempts(ctx context.Context) error {
 	return nil
 }
 
-// violated reports whether airlock deleted the pod at a kill_on attempt.
-func (p *pod) violated() bool { return p.watch != nil && p.watch.violated.Load() }
+// violated reports whether airlock deleted the pod itself: at a kill_on
+// attempt, or at a tripwire.
+func (p *pod) violated() bool {
+	return p.tripped.Load() || p.watch != nil && p.watch.violated.Load()
+}
 
 // stopWatching ends the event stream (the pod is going or left).
 func (p *pod) stopWatching() {
@@ -137,6 +140,13 @@ func (p *pod) stopWatching() {
 // noteAttempts puts into res what runtime monitoring saw during the run,
 // and names a kill_on kill as such (a session's is over).
 func (p *pod) noteAttempts(res *runtime.Result, err error, session bool) error {
+	if p.tripped.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+		res.Reason, res.SessionLost, res.TimedOut = runtime.ReasonTripwire, session, false
+		if res.ExitCode == 0 {
+			res.ExitCode = 128 + int(syscall.SIGKILL)
+		}
+		err = nil
+	}
 	w := p.watch
 	if w == nil {
 		return err
@@ -158,7 +168,7 @@ func (p *pod) noteAttempts(res *runtime.Result, err error, session bool) error {
 			}
 		}
 	}
-	if w.violated.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+	if w.violated.Load() && !p.tripped.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 		res.Reason, res.SessionLost, res.TimedOut = runtime.ReasonPolicyViolation, session, false
 		if res.ExitCode == 0 {
 			res.ExitCode = 128 + int(syscall.SIGKILL)

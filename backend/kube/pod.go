@@ -50,6 +50,9 @@ type pod struct {
 	// unregister, while set, lets the pod's address go from this
 	// replica's egress proxy (letGo).
 	unregister atomic.Pointer[func()]
+	// tripped: the proxy saw one of the run's tripwires and airlock
+	// deleted the pod (tripwire.go).
+	tripped atomic.Bool
 	// watch is the pod's runtime monitoring (nil: none); see monitor.go.
 	watch *podWatch
 
