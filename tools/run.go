@@ -38,7 +38,7 @@ type RunOutput struct {
 	Truncated       bool   `json:"truncated" jsonschema:"True when stdout or stderr was cut at its cap"`
 	StdoutTruncated bool   `json:"stdout_truncated"`
 	StderrTruncated bool   `json:"stderr_truncated"`
-	Reason          string `json:"reason,omitempty" jsonschema:"Why the run did not exit normally: timeout, out_of_memory, output_capped, killed_by_signal"`
+	Reason          string `json:"reason,omitempty" jsonschema:"Why the run did not exit normally: timeout, out_of_memory, output_capped, killed_by_signal, policy_violation, exfiltration_tripwire"`
 	// EgressDenied lists network destinations the egress proxy refused, so
 	// the caller can correct the code or ask for the domain.
 	EgressDenied []DeniedOut `json:"egress_denied" jsonschema:"Network destinations the egress proxy refused during the run"`

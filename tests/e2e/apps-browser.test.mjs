@@ -73,7 +73,7 @@ describe('MCP Apps views in headless Chromium', { timeout: 10 * 60_000 }, () => 
     return { page, errors, frame: page.frameLocator('#app') };
   }
 
-  test('the server offers the views: the run tools link theirs, the capability names elicitation', () => srv.wrap(async () => {
+  test('the server offers the views: the run tools link theirs, the capability names elicitation', async () => srv.wrap(async () => {
     const caps = srv.client.getServerCapabilities();
     assert.ok(caps.extensions?.['io.modelcontextprotocol/ui'], `capabilities: ${JSON.stringify(caps)}`);
     const { tools } = await srv.client.listTools();
@@ -85,7 +85,7 @@ describe('MCP Apps views in headless Chromium', { timeout: 10 * 60_000 }, () => 
     assert.deepEqual(resources.map((r) => r.uri).sort(), ['ui://airlock/approval.html', 'ui://airlock/run.html']);
   })());
 
-  test('approval view: shows the exact code with its warning; its answer runs the code', () => srv.wrap(async () => {
+  test('approval view: shows the exact code with its warning; its answer runs the code', async () => srv.wrap(async () => {
     const { page, errors, frame } = await openView('ui://airlock/approval.html');
     let seen;
     const answered = new Promise((resolve) => {
@@ -120,7 +120,7 @@ describe('MCP Apps views in headless Chromium', { timeout: 10 * 60_000 }, () => 
     await page.close();
   })());
 
-  test('result view: output, the value shown, and a figure inline', () => srv.wrap(async () => {
+  test('result view: output, the value shown, and a figure inline', async () => srv.wrap(async () => {
     onElicit = async () => ({ action: 'accept', content: { approve: true } });
     const { page, errors, frame } = await openView('ui://airlock/run.html');
     const code = [

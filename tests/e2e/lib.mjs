@@ -301,13 +301,17 @@ export async function instanceLeftovers(instanceId, ids = [], stateDir = STATE_D
 
 /** A test body whose failure carries what owner (a Server or Daemon) logged. */
 function wrapping(owner, fn) {
-  return async (t) => {
+  const body = async (t) => {
     try {
       await fn(t);
     } catch (err) {
       throw owner.annotate(err);
     }
   };
+  // Awaited (or returned from an async test) rather than called, the body
+  // runs all the same: a wrapped body that never ran would pass unseen.
+  body.then = (resolve, reject) => body().then(resolve, reject);
+  return body;
 }
 
 /** Starts a server; extraConfig lines are appended to its config.yaml. */
