@@ -226,11 +226,7 @@ func (r *Report) Markdown() string {
 		}
 	}
 	if len(r.Egress) > 0 {
-		b.WriteString("\nThe egress proxy's HTTPS cost: GET of 1 KiB from an HTTPS server on loopback, through the real proxy in-process (HTTP/2 where both ends offer it):\n\n")
-		b.WriteString("| path | connection | n | p50 ms | p95 ms |\n| --- | --- | ---: | ---: | ---: |\n")
-		for _, e := range r.Egress {
-			fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f |\n", e.Path, e.Connection, e.N, e.P50, e.P95)
-		}
+		b.WriteString(egressMarkdown(r.Egress))
 	}
 	b.WriteString(r.stepsMarkdown())
 	b.WriteString("\n| target | goal | measured | met |\n| --- | --- | --- | --- |\n")

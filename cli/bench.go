@@ -73,7 +73,36 @@ func (a *app) benchCmd() *cobra.Command {
 	cmd.Flags().StringVar(&out, "out", "bench-results", "directory for the .md, .json and .png")
 	cmd.Flags().StringVar(&name, "name", "", "file name of the results (default: the UTC time)")
 	cmd.Flags().BoolVar(&smoke, "smoke", false, "a quick run that only checks every mode works (2 runs of print and echo, concurrency 1)")
-	cmd.AddCommand(a.benchClaimsCmd())
+	cmd.AddCommand(a.benchClaimsCmd(), a.benchEgressCmd())
+	return cmd
+}
+
+// benchEgressCmd measures the egress proxy alone: an HTTPS GET directly,
+// through a blind tunnel and intercepted, on loopback in this process.
+func (a *app) benchEgressCmd() *cobra.Command {
+	var n int
+	var out, name string
+	cmd := &cobra.Command{
+		Use:   "egress",
+		Short: "Measure the egress proxy's HTTPS cost: direct, blind CONNECT tunnel, intercepted (in-process, loopback only; seconds)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if n < 1 {
+				return fmt.Errorf("--iterations %d: want at least 1", n)
+			}
+			rep, err := bench.RunEgress(cmd.Context(), n)
+			if err != nil {
+				return err
+			}
+			if name == "" {
+				name = time.Now().UTC().Format("2006-01-02T150405Z") + "-egress"
+			}
+			return printReport(rep, rep.Took, out, name)
+		},
+	}
+	cmd.Flags().IntVar(&n, "iterations", 500, "timed requests per row")
+	cmd.Flags().StringVar(&out, "out", "bench-results", "directory for the .md and .json")
+	cmd.Flags().StringVar(&name, "name", "", "file name of the results (default: the UTC time and -egress)")
 	return cmd
 }
 

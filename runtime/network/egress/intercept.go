@@ -70,8 +70,17 @@ func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
 	_ = ss.client.SetReadDeadline(time.Time{})
 	ss.set(decisionAllow, "", nil)
 
-	transport := s.upstreamTransport(ss, t)
-	defer transport.CloseIdleConnections()
+	// Upgrades (WebSocket) need HTTP/1.1 upstream: a connection that
+	// negotiated h2 cannot carry them.
+	h2, h1 := s.upstreamTransport(ss, t, true), s.upstreamTransport(ss, t, false)
+	defer h2.CloseIdleConnections()
+	defer h1.CloseIdleConnections()
+	transport := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if r.Header.Get("Upgrade") != "" {
+			return h1.RoundTrip(r)
+		}
+		return h2.RoundTrip(r)
+	})
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "https"
@@ -152,7 +161,11 @@ func modifyResponse(resp *http.Response) error {
 
 // upstreamTransport dials t's vetted addresses (never the name) and
 // verifies the upstream's certificate for t.host.
-func (s *Server) upstreamTransport(ss *session, t target) *http.Transport {
+func (s *Server) upstreamTransport(ss *session, t target, h2 bool) *http.Transport {
+	protos := []string{"http/1.1"}
+	if h2 {
+		protos = []string{"h2", "http/1.1"}
+	}
 	return &http.Transport{
 		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			c, err := s.dial(ss, t)
@@ -162,7 +175,7 @@ func (s *Server) upstreamTransport(ss *session, t target) *http.Transport {
 			tc := tls.Client(c, &tls.Config{
 				ServerName: t.host,
 				RootCAs:    s.opts.UpstreamRoots,
-				NextProtos: []string{"h2", "http/1.1"},
+				NextProtos: protos,
 				MinVersion: tls.VersionTLS12,
 			})
 			hctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
@@ -173,7 +186,7 @@ func (s *Server) upstreamTransport(ss *session, t target) *http.Transport {
 			}
 			return tc, nil
 		},
-		ForceAttemptHTTP2:      true,
+		ForceAttemptHTTP2:      h2,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: int64(s.opts.MaxResponseHeaderBytes),
 		IdleConnTimeout:        s.opts.IdleTimeout,
@@ -246,3 +259,9 @@ func (l *oneConnListener) Close() error {
 }
 
 func (l *oneConnListener) Addr() net.Addr { return l.c.LocalAddr() }
+
+// roundTripFunc is a function as an http.RoundTripper.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+// RoundTrip calls f.
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

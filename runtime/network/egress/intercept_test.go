@@ -503,3 +503,57 @@ func TestFromSettingsSecretsAndCA(t *testing.T) {
 		t.Errorf("an L7 rule without a CA: %v", err)
 	}
 }
+
+// A WebSocket upgrade through an intercepted host passes under the same
+// rules: the allowed path is switched and carries bytes both ways; a path
+// outside the rule is refused before the upstream sees it.
+func TestInterceptWebSocket(t *testing.T) {
+	r := newInterceptRig(t)
+	ws := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "want an upgrade", 400)
+			return
+		}
+		c, brw, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		_ = brw.Flush()
+		_, _ = io.Copy(c, brw)
+	}))
+	ws.EnableHTTP2 = true // the proxy must still reach it over HTTP/1.1
+	ws.TLS = &tls.Config{Certificates: []tls.Certificate{getCert(t).tls}}
+	ws.Config.ErrorLog = log.New(io.Discard, "", 0)
+	ws.StartTLS()
+	t.Cleanup(ws.Close)
+	r.port = port(t, ws.URL)
+	r.register(t, "127.0.0.2", "run1", []AllowRule{{Domain: "allowed.test", Methods: []string{"GET"}, Paths: []string{"/ws"}}}, nil)
+	c := r.client("127.0.0.2", false)
+	upgrade := func(path string) (*http.Response, error) {
+		req, _ := http.NewRequest("GET", r.url("allowed.test", path), nil)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "websocket")
+		return c.Transport.RoundTrip(req) // a Client with a timeout hides the 101's writable body
+	}
+	resp, err := upgrade("/ws")
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	rw, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok {
+		t.Fatalf("a 101's body is not writable: %T", resp.Body)
+	}
+	defer rw.Close()
+	if _, err := rw.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(rw, buf); err != nil || string(buf) != "ping" {
+		t.Errorf("echo through the upgraded connection: %q %v", buf, err)
+	}
+	if resp, err := upgrade("/admin"); err != nil || resp.StatusCode != 403 {
+		t.Errorf("upgrade outside the rule: %v %v", resp, err)
+	}
+}
