@@ -107,7 +107,7 @@ func withApprovalApp(params mcp.ElicitationParams, p *approval.Pending) mcp.Elic
 		"ui": map[string]any{"resourceUri": ApprovalAppURI},
 		approvalMetaKey: map[string]any{
 			"tool": v.Tool, "numbered": v.Numbered, "warnings": v.Warnings, "grants": v.Grants,
-			"limits": v.Limits, "network": v.Network, "allow_domains": v.AllowDomains,
+			"limits": v.Limits, "network": v.Network, "allow_domains": v.AllowDomains, "secrets": v.Secrets,
 			"lines": v.Lines, "code_sha256": v.CodeSHA256, "expires": v.Expires, "rule": v.Rule,
 		},
 	})

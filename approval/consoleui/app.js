@@ -42,6 +42,8 @@ function renderRequest(p) {
     ? 'allow-list: ' + (p.allow_domains.length ? p.allow_domains.join(', ') : '(no domains)')
     : 'none (loopback only)';
   $('.limits', el).textContent = p.limits;
+  // Names only: a secret's value never leaves the server.
+  $('.secrets', el).textContent = (p.secrets || []).length ? p.secrets.join(', ') + ' (placeholders in the sandbox)' : 'none';
   $('.size', el).textContent = p.lines + ' lines, ' + p.code_bytes + ' bytes, sha256 ' + p.code_sha256;
   $('.expires', el).textContent = new Date(p.expires).toLocaleTimeString();
   if (p.grants.length) {

@@ -339,6 +339,28 @@ time.sleep(30)
 		}
 	})
 
+	// Every HTTPS of a run with tripwires is intercepted: the refusals
+	// that come before any connection stand as they did.
+	t.Run("refusals unchanged under interception", func(t *testing.T) {
+		code := `
+for u in https://` + inetIP + `:8443/ https://loop.wild.test/ https://meta.wild.test/ https://nowhere.test/ http://priv.wild.test/; do
+  echo "$u $(curl -s -o /dev/null -w '%{http_code}' --max-time 10 $u)"
+done
+`
+		res, _ := is.run(t, runtime.Shell, code)
+		for _, d := range []struct{ host, reason string }{
+			{inetIP, egress.ReasonIPLiteral}, {"loop.wild.test", egress.ReasonPrivate}, {"meta.wild.test", egress.ReasonPrivate},
+			{"nowhere.test", egress.ReasonNotAllowed}, {"priv.wild.test", egress.ReasonPrivate},
+		} {
+			if !hasDenial(res, d.host, d.reason) {
+				t.Errorf("%s not refused for %q: denials %+v\n%s", d.host, d.reason, res.EgressDenied, res.Stdout)
+			}
+		}
+		if strings.Contains(res.Stdout, " 200") {
+			t.Errorf("a refused destination answered:\n%s", res.Stdout)
+		}
+	})
+
 	t.Run("CA key stays out", func(t *testing.T) {
 		code := `
 grep -rl "PRIVATE"" KEY" /.airlock /etc/ssl /workspace /tmp 2>/dev/null | head -3
