@@ -66,18 +66,29 @@ func (c *call) approve(ctx context.Context, req mcp.CallToolRequest, areq approv
 // and later), where the question goes back as an input request and the
 // client retries the call with the answer.
 func clientElicitation(ctx context.Context) (can, modern bool) {
+	caps, modern := clientCapabilities(ctx)
+	if !modern {
+		// An old-protocol client is asked over its session, which must be
+		// able to carry elicitation/create.
+		if _, ok := server.ClientSessionFromContext(ctx).(server.SessionWithElicitation); !ok {
+			return false, false
+		}
+	}
+	return caps != nil && caps.Elicitation != nil, modern
+}
+
+// clientCapabilities are what the calling client declared: on each
+// request for the 2026-07-28 protocol (modern), at initialize for older
+// ones; nil when neither is known.
+func clientCapabilities(ctx context.Context) (caps *mcp.ClientCapabilities, modern bool) {
 	if info := server.RequestProtocolInfoFromContext(ctx); info != nil && info.Modern {
-		return info.ClientCapabilities != nil && info.ClientCapabilities.Elicitation != nil, true
+		return info.ClientCapabilities, true
 	}
-	sess := server.ClientSessionFromContext(ctx)
-	ci, ok := sess.(server.SessionWithClientInfo)
-	if !ok {
-		return false, false
+	if ci, ok := server.ClientSessionFromContext(ctx).(server.SessionWithClientInfo); ok {
+		c := ci.GetClientCapabilities()
+		return &c, false
 	}
-	if _, ok := sess.(server.SessionWithElicitation); !ok {
-		return false, false
-	}
-	return ci.GetClientCapabilities().Elicitation != nil, false
+	return nil, false
 }
 
 // askRoundTrip opens a pending request and hands the question to the

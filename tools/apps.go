@@ -76,13 +76,7 @@ func AppsExtension() server.ServerOption {
 // clientRendersApprovalApp reports whether the caller's client declared
 // that it renders apps and lets an app answer an elicitation.
 func clientRendersApprovalApp(ctx context.Context) bool {
-	var caps *mcp.ClientCapabilities
-	if info := server.RequestProtocolInfoFromContext(ctx); info != nil && info.Modern {
-		caps = info.ClientCapabilities
-	} else if ci, ok := server.ClientSessionFromContext(ctx).(server.SessionWithClientInfo); ok {
-		c := ci.GetClientCapabilities()
-		caps = &c
-	}
+	caps, _ := clientCapabilities(ctx)
 	if caps == nil || caps.Elicitation == nil {
 		return false
 	}

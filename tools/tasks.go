@@ -77,6 +77,20 @@ func (r *taskRegistry) init() {
 	}
 }
 
+// configure sets tasks.result_ttl and tasks.max_kept.
+func (r *taskRegistry) configure(cfg config.TasksConfig) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cfg = cfg
+}
+
+// result is t's kept result, nil while it runs.
+func (r *taskRegistry) result(t *task) *mcp.CallToolResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return t.result
+}
+
 // created records a task mcp-go just made for caller's call.
 func (r *taskRegistry) created(key *server.RequestProtocolInfo, id, caller, tool string) {
 	r.mu.Lock()
@@ -269,12 +283,15 @@ var taskMethods = map[string]bool{
 }
 
 // ServerOptions are the mcp-go options tasks need: the capability, and the
-// hooks through which airlock keeps its part (above).
+// hooks through which airlock keeps its part (above). Building them is
+// what switches tasks on, so it also hands the registry tasks.* (the
+// defaults where h.Tasks is unset): call it once, before serving.
 func (h *Handlers) ServerOptions() []server.ServerOption {
-	h.tasks.cfg = h.Tasks
-	if h.tasks.cfg.ResultTTL <= 0 || h.tasks.cfg.MaxKept <= 0 {
-		h.tasks.cfg = config.Defaults().Tasks
+	cfg := h.Tasks
+	if cfg.ResultTTL <= 0 || cfg.MaxKept <= 0 {
+		cfg = config.Defaults().Tasks
 	}
+	h.tasks.configure(cfg)
 	th := &server.TaskHooks{}
 	th.AddOnTaskCreated(func(ctx context.Context, m server.TaskMetrics) {
 		h.tasks.created(server.RequestProtocolInfoFromContext(ctx), m.TaskID, CallerFrom(ctx).ID, m.ToolName)
@@ -310,10 +327,7 @@ func (h *Handlers) ServerOptions() []server.ServerOption {
 		if t == nil {
 			return
 		}
-		h.tasks.mu.Lock()
-		kept := t.result
-		h.tasks.mu.Unlock()
-		if kept != nil {
+		if kept := h.tasks.result(t); kept != nil {
 			res.Content, res.StructuredContent, res.IsError = kept.Content, kept.StructuredContent, kept.IsError
 		}
 	})

@@ -20,22 +20,13 @@ const pollInterval = 20 * time.Millisecond
 // Lock takes an exclusive flock on path (creating it), waiting while ctx
 // allows. The returned func releases it.
 func Lock(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open lock %s: %w", path, err)
-	}
 	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); _ = f.Close() }, nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) {
-			_ = f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
+		unlock, err := TryLock(path)
+		if !errors.Is(err, ErrHeld) {
+			return unlock, err
 		}
 		select {
 		case <-ctx.Done():
-			_ = f.Close()
 			return nil, fmt.Errorf("wait for lock %s: %w", path, ctx.Err())
 		case <-time.After(pollInterval):
 		}
@@ -48,11 +39,19 @@ var ErrHeld = errors.New("lock held")
 // TryLock takes the lock on path only if it is free now; ErrHeld says
 // another process (or another holder here) has it.
 func TryLock(path string) (func(), error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // one try, no wait
-	unlock, err := Lock(ctx, path)
-	if errors.Is(err, context.Canceled) {
-		return nil, fmt.Errorf("lock %s: %w", path, ErrHeld)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
-	return unlock, err
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	switch {
+	case err == nil:
+		return func() { _ = unix.Flock(int(f.Fd()), unix.LOCK_UN); _ = f.Close() }, nil
+	case errors.Is(err, unix.EWOULDBLOCK):
+		_ = f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, ErrHeld)
+	default:
+		_ = f.Close()
+		return nil, fmt.Errorf("lock %s: %w", path, err)
+	}
 }
