@@ -557,3 +557,25 @@ func TestInterceptWebSocket(t *testing.T) {
 		t.Errorf("upgrade outside the rule: %v %v", resp, err)
 	}
 }
+
+// Tripwires are unique per run, look like what they imitate, and never
+// take the name of a secret the run was given.
+func TestTripwireValues(t *testing.T) {
+	a, b := &Credentials{Env: map[string]string{}, Files: map[string]string{}}, &Credentials{Env: map[string]string{"GITHUB_TOKEN": "a-real-placeholder"}, Files: map[string]string{}}
+	a.AddTripwires()
+	b.AddTripwires()
+	for _, k := range []string{"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "GH_TOKEN"} {
+		if a.Env[k] == "" || a.Env[k] == b.Env[k] {
+			t.Errorf("%s: %q and %q", k, a.Env[k], b.Env[k])
+		}
+	}
+	if !strings.HasPrefix(a.Env["AWS_ACCESS_KEY_ID"], "AKIA") || len(a.Env["AWS_SECRET_ACCESS_KEY"]) != 40 || !strings.HasPrefix(a.Env["GITHUB_TOKEN"], "ghp_") {
+		t.Errorf("implausible: %v", a.Env)
+	}
+	if b.Env["GITHUB_TOKEN"] != "a-real-placeholder" || b.Env["GH_TOKEN"] == "" || !slices.Contains(b.trips, b.Env["GH_TOKEN"]) {
+		t.Errorf("a bound name was replaced, or the other name not watched: %v trips %v", b.Env, b.trips)
+	}
+	if !strings.Contains(a.Files[".netrc"], "password "+a.trips[len(a.trips)-1]) || a.Files[".netrc"] == b.Files[".netrc"] {
+		t.Errorf(".netrc %q", a.Files[".netrc"])
+	}
+}
