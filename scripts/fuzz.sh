@@ -17,6 +17,7 @@ targets=(
   "FuzzReader ./runtime/driver"
   "FuzzProxyRequest ./runtime/network/egress"
   "FuzzParseClientHello ./runtime/network/egress"
+  "FuzzScanner ./runtime/network/egress"
   "FuzzRender ./approval"
   "FuzzDescribeFrame ./approval"
   "FuzzIDScanner ./server"

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -89,16 +90,32 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 	return parseCA(certPEM, keyPEM)
 }
 
+// writeExclusive writes data to path whole or not at all, and never over
+// an existing file: a temporary file of its own (O_EXCL, so never a
+// planted one) linked into place, which fails if path exists.
 func writeExclusive(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
+	f, err := os.CreateTemp(filepath.Dir(path), ".egress-ca-*")
+	if err != nil {
 		return err
 	}
-	if err := os.Link(tmp, path); err != nil { // fails if path exists
-		_ = os.Remove(tmp)
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
 		return err
 	}
-	return os.Remove(tmp)
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Link(tmp, path)
 }
 
 func newCA() (certPEM, keyPEM []byte, err error) {
@@ -179,11 +196,15 @@ func (ca *CA) leaf(host string) (*tls.Certificate, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber: serial,
 		Subject:      pkix.Name{CommonName: host},
-		DNSNames:     []string{host},
 		NotBefore:    now.Add(-5 * time.Minute),
 		NotAfter:     now.Add(leafLifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		tmpl.IPAddresses = []net.IP{ip}
+	} else {
+		tmpl.DNSNames = []string{host}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -99,8 +99,19 @@ func (ss *session) runID() string {
 	return ss.reg.runID
 }
 
+// set records how the connection went, for its log line. An intercepted
+// connection's HTTP/2 streams call it from their own goroutines.
 func (ss *session) set(decision, reason string, detail error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
 	ss.decision, ss.reason, ss.detail = decision, reason, detail
+}
+
+// setDetail records an error beside the decision.
+func (ss *session) setDetail(err error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.detail = err
 }
 
 func (s *Server) handle(c net.Conn) {
@@ -572,7 +583,7 @@ func (s *Server) serveHTTP(ss *session, req *http.Request, br *bufio.Reader) {
 		err = bw.Flush()
 	}
 	if err != nil {
-		ss.detail = fmt.Errorf("relaying response: %w", err)
+		ss.setDetail(fmt.Errorf("relaying response: %w", err))
 	}
 	_ = resp.Body.Close()
 	endExchange(ss, up, br, writeErr)

@@ -76,6 +76,13 @@ func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
 	defer h2.CloseIdleConnections()
 	defer h1.CloseIdleConnections()
 	transport := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		// The last look, at what is really sent: the request as
+		// ReverseProxy rebuilt it (it re-encodes the query).
+		if c := ss.reg.policy.creds; c != nil && len(c.trips) > 0 && tripped(c.trips, t, r) != "" {
+			where, _ := r.Context().Value(whereKey{}).(Denial)
+			s.report(ss, where, ReasonTripwire)
+			return nil, errStopped
+		}
 		if r.Header.Get("Upgrade") != "" {
 			return h1.RoundTrip(r)
 		}
@@ -102,17 +109,19 @@ func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
 			for _, n := range redact {
 				msg = strings.ReplaceAll(msg, string(n.find), string(n.repl))
 			}
-			ss.detail = errors.New(msg)
+			ss.setDetail(errors.New(msg))
 			http.Error(w, "egress: "+msg, http.StatusBadGateway)
 		},
 	}
-	var handlers sync.WaitGroup
+	var handlers activity
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		handlers.Add(1)
-		defer handlers.Done()
+		if !handlers.enter() {
+			return // the connection is being wound up
+		}
+		defer handlers.leave()
 		ss.requests.Add(1)
 		if !authorityMatches(r.Host, t) {
-			s.report(ss, t, r, ReasonSNI)
+			s.report(ss, Denial{Host: t.host, Port: t.port, Method: r.Method, Path: r.URL.Path}, ReasonSNI)
 			http.Error(w, fmt.Sprintf("egress: this connection is for %s; the request names %q", authority(t), r.Host), http.StatusMisdirectedRequest)
 			return
 		}
@@ -132,6 +141,9 @@ func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
 		IdleTimeout:       s.opts.IdleTimeout,
 		MaxHeaderBytes:    s.opts.MaxHeaderBytes,
 		ErrorLog:          log.New(io.Discard, "", 0),
+		// Each stream may open an upstream connection (an HTTP/1.1
+		// upstream): bounded, with the transports' MaxConnsPerHost.
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: maxStreams},
 		ConnState: func(_ net.Conn, st http.ConnState) {
 			if st == http.StateClosed || st == http.StateHijacked {
 				l.Close()
@@ -139,25 +151,108 @@ func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
 		},
 	}
 	_ = srv.Serve(l)
-	handlers.Wait() // a hijacked (WebSocket) exchange outlives the conn state
+	handlers.drain() // a hijacked (WebSocket) exchange outlives the conn state
+}
+
+// maxStreams bounds the HTTP/2 streams of one intercepted connection, and
+// the upstream connections it may open at once.
+const maxStreams = 16
+
+// activity counts the handlers of one intercepted connection, so that
+// it is wound up only when the last has returned, and none starts after.
+type activity struct {
+	mu       sync.Mutex
+	active   int
+	draining bool
+	idle     *sync.Cond
+}
+
+func (a *activity) enter() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.draining {
+		return false
+	}
+	a.active++
+	return true
+}
+
+func (a *activity) leave() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.active--
+	if a.active == 0 && a.idle != nil {
+		a.idle.Broadcast()
+	}
+}
+
+// drain refuses new handlers and waits for the running ones.
+func (a *activity) drain() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.draining = true
+	if a.idle == nil {
+		a.idle = sync.NewCond(&a.mu)
+	}
+	for a.active > 0 {
+		a.idle.Wait()
+	}
 }
 
 // modifyResponse redacts the secrets the request carried from the
-// response before it reaches the sandbox.
+// response before it reaches the sandbox: headers, body, and the stream
+// of an upgraded (WebSocket) connection; trailers, which would come after
+// the body unsearched, are dropped.
 func modifyResponse(resp *http.Response) error {
 	redact, _ := resp.Request.Context().Value(redactKey{}).([]needle)
-	if len(redact) == 0 || resp.StatusCode == http.StatusSwitchingProtocols {
+	if len(redact) == 0 {
 		return nil
 	}
-	if ce := resp.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return errEncodedResponse
+	for _, ce := range resp.Header.Values("Content-Encoding") {
+		for _, enc := range strings.Split(ce, ",") {
+			if e := strings.TrimSpace(enc); e != "" && !strings.EqualFold(e, "identity") {
+				return errEncodedResponse
+			}
+		}
 	}
 	redactHeader(resp.Header, redact)
-	resp.Body = newScanner(resp.Body, redact)
+	resp.Header.Del("Trailer")
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
+			resp.Body = &upgradedStream{ReadCloser: newScanner(rwc, redact), w: rwc}
+		}
+		return nil
+	}
+	resp.Body = &dropTrailers{ReadCloser: newScanner(resp.Body, redact), resp: resp}
 	resp.ContentLength = -1
 	resp.Header.Del("Content-Length")
 	return nil
 }
+
+// dropTrailers empties a response's trailers once its body has been read:
+// the transport fills them in at the body's end, after any check, and
+// ReverseProxy would pass them on.
+type dropTrailers struct {
+	io.ReadCloser
+	resp *http.Response
+}
+
+func (d *dropTrailers) Read(p []byte) (int, error) {
+	n, err := d.ReadCloser.Read(p)
+	if err != nil {
+		d.resp.Trailer = nil
+	}
+	return n, err
+}
+
+// upgradedStream is an upgraded connection whose upstream-to-sandbox
+// bytes pass a scanner; what the sandbox writes goes straight through.
+type upgradedStream struct {
+	io.ReadCloser
+	w io.Writer
+}
+
+func (u *upgradedStream) Write(p []byte) (int, error) { return u.w.Write(p) }
 
 // upstreamTransport dials t's vetted addresses (never the name) and
 // verifies the upstream's certificate for t.host.
@@ -187,6 +282,7 @@ func (s *Server) upstreamTransport(ss *session, t target, h2 bool) *http.Transpo
 			return tc, nil
 		},
 		ForceAttemptHTTP2:      h2,
+		MaxConnsPerHost:        maxStreams,
 		DisableCompression:     true,
 		MaxResponseHeaderBytes: int64(s.opts.MaxResponseHeaderBytes),
 		IdleConnTimeout:        s.opts.IdleTimeout,

@@ -414,6 +414,11 @@ func TestScanner(t *testing.T) {
 		{"partial at end", "aaSECRE", "aaSECRE", []needle{{find: []byte("SECRET"), repl: []byte("X")}}, false},
 		{"stop withholds the needle", "aaTRIPbb", "aa", []needle{{find: []byte("TRIP"), stop: true}}, true},
 		{"fold", "aatripbb", "aa", []needle{{find: []byte("TRIP"), fold: true, stop: true}}, true},
+		// bytes.ToLower would make each \xff three bytes and shift every
+		// index after it (it once panicked the server, and let a tripwire by).
+		{"fold after invalid UTF-8", strings.Repeat("\xff", 40) + "TrIp", strings.Repeat("\xff", 40), []needle{{find: []byte("TRIP"), fold: true, stop: true}}, true},
+		{"fold after a shrinking rune", strings.Repeat("\u212a", 20) + "trip", strings.Repeat("\u212a", 20), []needle{{find: []byte("TRIP"), fold: true, stop: true}}, true},
+		{"longest of two at one place", "xxABCDxx", "xx2xx", []needle{{find: []byte("ABC"), repl: []byte("1")}, {find: []byte("ABCD"), repl: []byte("2")}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sc := newScanner(io.NopCloser(&oneByteReader{s: tc.in}), tc.needles)
@@ -578,4 +583,44 @@ func TestTripwireValues(t *testing.T) {
 	if !strings.Contains(a.Files[".netrc"], "password "+a.trips[len(a.trips)-1]) || a.Files[".netrc"] == b.Files[".netrc"] {
 		t.Errorf(".netrc %q", a.Files[".netrc"])
 	}
+}
+
+// Whatever the bytes, a stopping needle never passes, in any ASCII case,
+// and a stream without one passes unchanged.
+func FuzzScanner(f *testing.F) {
+	f.Add([]byte("hello TRIPWIRE world"), uint8(3))
+	f.Add([]byte(strings.Repeat("\xff", 33)+"tripwire"), uint8(1))
+	f.Add([]byte("\u212a\u212atRiPwIrE"), uint8(7))
+	f.Fuzz(func(t *testing.T, data []byte, chunk uint8) {
+		sc := newScanner(io.NopCloser(&chunkReader{b: data, n: int(chunk%16) + 1}), []needle{{find: []byte("TRIPWIRE"), fold: true, stop: true}})
+		got, err := io.ReadAll(sc)
+		has := bytes.Contains(asciiLower(data), []byte("tripwire"))
+		if bytes.Contains(asciiLower(got), []byte("tripwire")) {
+			t.Fatalf("the needle passed: %q", got)
+		}
+		if has != (err != nil) {
+			t.Fatalf("needle present %v, err %v", has, err)
+		}
+		if !has && !bytes.Equal(got, data) {
+			t.Fatalf("changed a clean stream: %q -> %q", data, got)
+		}
+		if has && !bytes.HasPrefix(data, got) {
+			t.Fatalf("output is not a prefix of the input: %q", got)
+		}
+	})
+}
+
+// chunkReader returns at most n bytes per Read.
+type chunkReader struct {
+	b []byte
+	n int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), r.n)], r.b)
+	r.b = r.b[k:]
+	return k, nil
 }

@@ -135,6 +135,16 @@ func (p Policy) allowsHostPort(host string, port int) bool {
 	return false
 }
 
+// restrictsMethods reports whether a rule for host limits its methods.
+func (p Policy) restrictsMethods(host string) bool {
+	return slices.ContainsFunc(p.rulesFor(host), func(r rule) bool { return len(r.methods) > 0 })
+}
+
+// restrictsPaths reports whether a rule for host limits its paths.
+func (p Policy) restrictsPaths(host string) bool {
+	return slices.ContainsFunc(p.rulesFor(host), func(r rule) bool { return len(r.paths) > 0 })
+}
+
 // needsL7 reports whether requests to host must be read (and so, over
 // TLS, intercepted) to enforce a rule.
 func (p Policy) needsL7(host string) bool {
