@@ -200,3 +200,40 @@ func TestAuditFile(t *testing.T) {
 		})
 	}
 }
+
+// network.allow and secrets decode from YAML into the egress package's
+// shapes, with the keys the README names.
+func TestAllowRulesAndSecretsDecode(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.yaml")
+	yaml := `network:
+  allow_domains: [pypi.org]
+  tripwires: true
+  allow:
+    - {domain: api.github.com, methods: [GET, HEAD], paths: [/repos/]}
+    - {domain: hooks.example.com, ports: [8443]}
+secrets:
+  - {name: GITHUB_TOKEN, from_env: GH, hosts: [api.github.com], header: Authorization, format: "Bearer {}"}
+  - {name: BODY, from_file: /etc/x, hosts: [api.github.com], in_body: true}
+`
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(viper.New(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := c.Network
+	if !n.Tripwires || len(n.Allow) != 2 || n.Allow[0].Domain != "api.github.com" || strings.Join(n.Allow[0].Methods, ",") != "GET,HEAD" ||
+		strings.Join(n.Allow[0].Paths, ",") != "/repos/" || len(n.Allow[1].Ports) != 1 || n.Allow[1].Ports[0] != 8443 {
+		t.Errorf("network = %+v", n)
+	}
+	if len(c.Secrets) != 2 || c.Secrets[0].Format != "Bearer {}" || c.Secrets[0].FromEnv != "GH" || !c.Secrets[1].InBody || c.Secrets[1].FromFile != "/etc/x" {
+		t.Errorf("secrets = %+v", c.Secrets)
+	}
+	// Rules alone offer a network.
+	c.Network.AllowDomains = nil
+	if !c.Network.Enabled() {
+		t.Error("network.allow alone does not enable networked runs")
+	}
+}
