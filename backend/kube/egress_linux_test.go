@@ -385,3 +385,41 @@ time.sleep(60)
 	}
 	up.only(t, node, 1) // the clean request alone
 }
+
+// A networked session given tripwires (or secrets) cannot move: another
+// replica's proxy knows neither its placeholders nor its fake values, so
+// taking it over ends it, with a message, rather than serving it with
+// its tripwires unwatched.
+func TestSessionWithCredentialsIsNotTakenOver(t *testing.T) {
+	cs, _ := needCluster(t)
+	ctx := context.Background()
+	ns := testNamespace(t, cs)
+	node := nodeAddress(t, cs, "")
+	up := startUpstream(t, node)
+	cfg := netTestConfig(t, ns, node, up)
+	cfg.Network.Tripwires = true
+	cfg.StateDir = t.TempDir()
+	a, aPort := upNet(t, cfg)
+	b, bPort := upNet(t, cfg)
+	fenceForProxies(t, cs, ns, node, aPort, bPort)
+
+	creds, err := (*egress.Secrets)(nil).Bind(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds.AddTripwires()
+	pol := a.o.Net.Policy.WithCredentials(creds)
+	id := "s" + runtime.NewRunID()
+	sa, err := a.OpenSession(ctx, runtime.SessionOptions{ID: id, Limits: testLimits(), Egress: &pol, Owner: "alice", Idle: 5 * time.Minute, Lifetime: 10 * time.Minute, Env: creds.Env, HomeFiles: creds.Files})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(sa.Close)
+	if _, _, err := b.AdoptSession(ctx, id, "alice"); err == nil || !strings.Contains(err.Error(), "secrets or tripwires") {
+		t.Fatalf("takeover: %v, want a refusal naming the secrets and tripwires", err)
+	}
+	waitFor(t, 60*time.Second, "the session's pod to be gone", func() (bool, error) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelSession + "=" + id})
+		return err == nil && len(pods.Items) == 0, err
+	})
+}

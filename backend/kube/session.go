@@ -42,6 +42,11 @@ const (
 	// separated), so that whichever airlock takes it over lets it through
 	// the same.
 	annEgress = "airlock.dev/session-egress"
+	// annCredentials marks a session given secrets or tripwires. Their
+	// placeholders and fake values live only in the airlock that opened
+	// it, so no other can serve it as it was: a takeover ends it instead
+	// of carrying on with placeholders unfilled and tripwires unwatched.
+	annCredentials = "airlock.dev/session-credentials"
 )
 
 // SessionRelay is where a networked session's code finds its proxy: the
@@ -112,6 +117,9 @@ func (m *Manager) OpenSession(ctx context.Context, o runtime.SessionOptions) (ru
 		m.networked(&pol, "http://"+SessionRelay)
 		pol.EgressProxy, pol.EgressRelay = m.o.Net.Addr.String(), SessionRelay
 		pol.Annotations[annEgress] = strings.Join(o.Egress.Domains(), ",")
+		if o.Egress.HasCredentials() {
+			pol.Annotations[annCredentials] = "held by " + m.o.InstanceID
+		}
 		reg = &registration{id: o.ID, pol: *o.Egress}
 	}
 	spec, err := Pod(pol)
@@ -171,6 +179,14 @@ func (m *Manager) AdoptSession(ctx context.Context, id, owner string) (runtime.S
 		idle := time.Duration(atoi(po.Annotations[annIdle])) * time.Second
 		if idle <= 0 {
 			return nil, rec, runtime.ErrNoSession
+		}
+		if held := po.Annotations[annCredentials]; held != "" {
+			// Ended, not left to its idle deadline: nobody can serve it.
+			grace := int64(0)
+			if err := pods.Delete(ctx, po.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil && !apierrors.IsNotFound(err) {
+				m.o.Log.Warn("end a session no airlock can serve", "session", id, "err", err)
+			}
+			return nil, rec, fmt.Errorf("it was given secrets or tripwires, which only the airlock that opened it held (%s), so no other can serve it; it has been ended: open another with session_create", held)
 		}
 		var pol *egress.Policy
 		if po.Labels[LabelNetwork] != "" {

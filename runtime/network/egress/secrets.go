@@ -250,6 +250,12 @@ func (p Policy) WithCredentials(c *Credentials) Policy {
 	return p
 }
 
+// HasCredentials reports whether p carries a run's secrets or tripwires,
+// which live only in the process that bound them.
+func (p Policy) HasCredentials() bool {
+	return p.creds != nil && (len(p.creds.bound) > 0 || len(p.creds.trips) > 0)
+}
+
 // needsInterception reports whether the proxy must read requests to host
 // to enforce p: an L7 rule for it, or any secret or tripwire in the run.
 // A run holding a placeholder or a tripwire has all its HTTPS read,
@@ -259,7 +265,7 @@ func (p Policy) needsInterception(host string) bool {
 	if p.needsL7(host) {
 		return true
 	}
-	return p.creds != nil && (len(p.creds.bound) > 0 || len(p.creds.trips) > 0)
+	return p.HasCredentials()
 }
 
 func randHex(n int) string {
