@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/containerd/api/events"
 	"github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/errdefs"
 	"github.com/containerd/typeurl/v2"
@@ -448,6 +449,42 @@ func removeContainers(ctx context.Context, client *containerd.Client, namespace,
 		}()
 	}
 	wg.Wait()
+	return n, errors.Join(errs...)
+}
+
+// RemoveOrphanSnapshots deletes the deployment's sandbox snapshots whose
+// instance doomed says is gone and that no container holds. Creating a
+// sandbox prepares its snapshot before its container exists; a server
+// that dies between the two (a stdio client closing as the pool warms)
+// leaves a snapshot the container sweep never sees.
+func RemoveOrphanSnapshots(ctx context.Context, client *containerd.Client, namespace, deployment string, doomed func(instance string) bool) (int, error) {
+	if deployment == "" {
+		return 0, errors.New("remove snapshots: no deployment id")
+	}
+	ctx = namespaces.WithNamespace(ctx, namespace)
+	sn := client.SnapshotService(Snapshotter)
+	var keys []string
+	err := sn.Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		if inst := info.Labels[LabelInstance]; inst != "" && doomed(inst) {
+			keys = append(keys, info.Name)
+		}
+		return nil
+	}, fmt.Sprintf("labels.%q==%s", LabelDeployment, deployment))
+	if err != nil {
+		return 0, fmt.Errorf("list sandbox snapshots: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, k := range keys {
+		if _, err := client.LoadContainer(ctx, k); err == nil {
+			continue // its container's removal takes it
+		}
+		if err := sn.Remove(ctx, k); err != nil && !errdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove snapshot %s: %w", k, err))
+			continue
+		}
+		n++
+	}
 	return n, errors.Join(errs...)
 }
 

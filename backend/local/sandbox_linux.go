@@ -154,6 +154,13 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 		containerd.WithContainerLabels(labels),
 	)
 	if err != nil {
+		// The snapshot is prepared before the container is made, and
+		// containerd's client leaves it when the second step fails.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		if rerr := m.o.Client.SnapshotService(Snapshotter).Remove(cctx, id); rerr != nil && !errdefs.IsNotFound(rerr) {
+			s.log().Warn("remove the snapshot of a sandbox not created", "err", rerr)
+		}
+		cancel()
 		return nil, runtime.Infra("create sandbox", err)
 	}
 	s.step("container")

@@ -26,6 +26,7 @@ import (
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/opencontainers/image-spec/identity"
 
 	"github.com/airlock-mcp/airlock/backend/local"
 	"github.com/airlock-mcp/airlock/backend/local/boot"
@@ -466,6 +467,26 @@ func TestOrphansOfDeadInstancesAreRemoved(t *testing.T) {
 	// Another deployment's sandbox of an instance this one does not know:
 	// never this deployment's to remove (issue 14.5).
 	theirs := orphan("0123456789ab")
+	// A snapshot with no container: its server died between preparing it
+	// and creating the container (a stdio client closing as the pool
+	// warmed once left one that failed every later leak check).
+	sn := s.Client.SnapshotService(local.Snapshotter)
+	bare := func(deployment string) string {
+		t.Helper()
+		key := "airlock-wbare" + runtime.NewRunID()
+		diffIDs, err := img.RootFS(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parent := identity.ChainID(diffIDs).String()
+		if _, err := sn.Prepare(ctx, key, parent, snapshots.WithLabels(map[string]string{
+			local.LabelInstance: "deadbeef0000", local.LabelDeployment: deployment, local.LabelPool: "warming"})); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sn.Remove(context.WithoutCancel(ctx), key) })
+		return key
+	}
+	bareOurs, bareTheirs := bare(s.Deployment), bare("0123456789ab")
 	// A second instance starting up removes this deployment's orphan, and
 	// leaves this instance's sandboxes and the other deployment's alone.
 	other, err := boot.Up(context.Background(), s.Config, boot.NeedClient, slog.Default())
@@ -478,6 +499,12 @@ func TestOrphansOfDeadInstancesAreRemoved(t *testing.T) {
 	}
 	if _, err := s.Client.LoadContainer(ctx, theirs); err != nil {
 		t.Errorf("another deployment's sandbox %s was removed: %v", theirs, err)
+	}
+	if _, err := sn.Stat(ctx, bareOurs); err == nil {
+		t.Errorf("snapshot %s of a dead instance, without a container, survived", bareOurs)
+	}
+	if _, err := sn.Stat(ctx, bareTheirs); err != nil {
+		t.Errorf("another deployment's snapshot %s was removed: %v", bareTheirs, err)
 	}
 	if r := run(t, runtime.Python, "print(2)"); r.Stdout != "2\n" {
 		t.Errorf("live instance broken after another's GC: %+v", r)

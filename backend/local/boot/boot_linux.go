@@ -354,6 +354,9 @@ func (s *Stack) Sweep(ctx context.Context) int {
 			return n, err
 		}},
 		{"orphaned sandbox tasks", func() (int, error) { return local.RemoveOrphanTasks(ctx, s.Client, ns) }},
+		{"orphaned sandbox snapshots", func() (int, error) {
+			return local.RemoveOrphanSnapshots(ctx, s.Client, ns, s.Deployment, s.deadInstance)
+		}},
 		{"orphaned sandbox processes", func() (int, error) {
 			return local.RemoveOrphanSandboxProcesses(ctx, s.Client, ns, s.Deployment)
 		}},
