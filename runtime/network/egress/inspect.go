@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/airlock-mcp/airlock/metrics"
 )
 
@@ -45,7 +47,7 @@ func (s *Server) inspect(ss *session, t target, req *http.Request, overTLS bool)
 	if msg := p.checkRequest(t.host, t.port, req.Method, req.URL.Path); msg != "" {
 		return deny(http.StatusForbidden, ReasonRule, "egress denied: "+msg)
 	}
-	if up := req.Header.Get("Upgrade"); up != "" || httpguts(req.Header["Connection"], "upgrade") {
+	if up := req.Header.Get("Upgrade"); up != "" || httpguts.HeaderValuesContainsToken(req.Header["Connection"], "upgrade") {
 		// A WebSocket opening is a GET the rules saw; any other upgrade
 		// (h2c, a proxy protocol) would carry requests no rule sees.
 		if !strings.EqualFold(up, "websocket") || req.Method != http.MethodGet {
@@ -133,18 +135,6 @@ type whereKey struct{}
 
 // methodOverrides are headers some frameworks take as the real method.
 var methodOverrides = []string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"}
-
-// httpguts reports whether a comma-separated header has token.
-func httpguts(values []string, token string) bool {
-	for _, v := range values {
-		for _, f := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(f), token) {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // redactions are the needles that turn value back into placeholder in a
 // response: the value as sent, and as a URL quotes it (upper- and
@@ -328,10 +318,15 @@ func patternStrings(ps []pattern) []string {
 func redactHeader(h http.Header, redact []needle) {
 	for k, vs := range h {
 		for i, v := range vs {
-			for _, n := range redact {
-				v = strings.ReplaceAll(v, string(n.find), string(n.repl))
-			}
-			h[k][i] = v
+			h[k][i] = redactString(v, redact)
 		}
 	}
+}
+
+// redactString replaces each needle's value in s.
+func redactString(s string, redact []needle) string {
+	for _, n := range redact {
+		s = strings.ReplaceAll(s, string(n.find), string(n.repl))
+	}
+	return s
 }

@@ -104,11 +104,8 @@ func (s *Server) intercept(ss *session, t target, br *bufio.Reader) {
 			// An upstream error may quote the rewritten request: it goes
 			// to the sandbox and the log only with the secrets put back
 			// as placeholders.
-			msg := err.Error()
 			redact, _ := r.Context().Value(redactKey{}).([]needle)
-			for _, n := range redact {
-				msg = strings.ReplaceAll(msg, string(n.find), string(n.repl))
-			}
+			msg := redactString(err.Error(), redact)
 			ss.setDetail(errors.New(msg))
 			http.Error(w, "egress: "+msg, http.StatusBadGateway)
 		},
