@@ -414,7 +414,10 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 	}
 	cfg := netConfig("")
 	cfgFile := filepath.Join(t.TempDir(), "config.yaml")
-	yaml := fmt.Sprintf("state_dir: %s\nlog: {level: warn}\nnetwork:\n  allow_domains: [allowed.test]\n  bridge: %s\n  subnet: %s\n  proxy_port: %d\n",
+	// No pool: its sandboxes, being made or checkpointed for a template
+	// when the kill lands, may end on their own, and the test needs the
+	// one sandbox it knows is running (the run's).
+	yaml := fmt.Sprintf("state_dir: %s\nlog: {level: warn}\npool: {size: 0}\nnetwork:\n  allow_domains: [allowed.test]\n  bridge: %s\n  subnet: %s\n  proxy_port: %d\n",
 		cfg.StateDir, cfg.Network.Bridge, cfg.Network.Subnet, cfg.Network.ProxyPort)
 	if err := os.WriteFile(cfgFile, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
@@ -426,13 +429,19 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 
 	// Its instance id is in the lock file that holds its pid. It is killed
-	// once a sandbox of its runs under gVisor and a network namespace of
-	// its exists.
+	// once its run's code runs in a sandbox under gVisor and a network
+	// namespace of its exists: a sandbox still waiting for its work would
+	// end on its own when the host's end of its stdin closes.
 	lctx := namespaces.WithNamespace(context.Background(), cfg.Containerd.Namespace)
 	running := func(victim string) (left []containerd.Container, ok bool) {
 		left, _ = live.Client.Containers(lctx, "labels.\""+local.LabelInstance+"\"=="+victim)
 		for _, c := range left {
-			if len(sentryPIDs(t, c.ID())) > 0 {
+			task, err := c.Task(lctx, nil)
+			if err != nil {
+				continue
+			}
+			if st, err := task.Status(lctx); err == nil && st.Status == containerd.Running &&
+				len(sentryPIDs(t, c.ID())) > 0 && sandboxRuns(t, live, c.ID(), "sleep") {
 				return left, netnsExists(victim)
 			}
 		}
@@ -504,6 +513,23 @@ func TestEgressRecoveryAfterSIGKILL(t *testing.T) {
 func netnsExists(instanceID string) bool {
 	out, _ := exec.Command("ip", "netns", "list").CombinedOutput()
 	return strings.Contains(string(out), "airlock-"+instanceID+"-")
+}
+
+// sandboxRuns reports whether a process named name runs inside sandbox id,
+// as runsc itself lists them.
+func sandboxRuns(t *testing.T, s *boot.Stack, id, name string) bool {
+	t.Helper()
+	root := filepath.Join(local.RunscRoot(s.Deployment), s.Config.Containerd.Namespace)
+	out, err := exec.Command(s.Config.Runtime.Runsc, "--root", root, "ps", id).Output()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == name {
+			return true
+		}
+	}
+	return false
 }
 
 func instanceOfPid(stateDir string, pid int) string {
