@@ -110,7 +110,7 @@ type Manager struct {
 	pool      *pool // nil when PoolSize is 0
 	teardowns runtime.Teardowns
 	// trips are the networked runs and sessions a tripwire can end.
-	trips tripTargets
+	trips runtime.Targets[*pod]
 	// leaving marks this instance's Lease once it shuts down (handoff.go).
 	leaving    sync.Once
 	leavingErr error
@@ -273,7 +273,7 @@ func (m *Manager) register(p *pod, id string, pol egress.Policy) error {
 	if err != nil {
 		return runtime.Infra("sandbox pod address", fmt.Errorf("%q: %w", p.ip, err))
 	}
-	forget := m.watchTrips(id, p)
+	forget := m.trips.Arm(id, p)
 	unreg := m.o.Net.Proxy.Register(ip, id, pol)
 	unregister := func() { unreg(); forget() }
 	p.letGo() // a registration this pod had: replaced

@@ -2,13 +2,11 @@ package kube
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -140,11 +138,7 @@ func (p *pod) stopWatching() {
 // noteAttempts puts into res what runtime monitoring saw during the run,
 // and names a kill_on kill as such (a session's is over).
 func (p *pod) noteAttempts(res *runtime.Result, err error, session bool) error {
-	if p.tripped.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		res.Reason, res.SessionLost, res.TimedOut = runtime.ReasonTripwire, session, false
-		if res.ExitCode == 0 {
-			res.ExitCode = 128 + int(syscall.SIGKILL)
-		}
+	if p.tripped.Load() && res.KilledBy(runtime.ReasonTripwire, session, err) {
 		err = nil
 	}
 	w := p.watch
@@ -168,11 +162,7 @@ func (p *pod) noteAttempts(res *runtime.Result, err error, session bool) error {
 			}
 		}
 	}
-	if w.violated.Load() && !p.tripped.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		res.Reason, res.SessionLost, res.TimedOut = runtime.ReasonPolicyViolation, session, false
-		if res.ExitCode == 0 {
-			res.ExitCode = 128 + int(syscall.SIGKILL)
-		}
+	if w.violated.Load() && !p.tripped.Load() && res.KilledBy(runtime.ReasonPolicyViolation, session, err) {
 		return nil
 	}
 	return err

@@ -126,7 +126,7 @@ type ContainerdManager struct {
 	// restarts counts containerd going down and coming back.
 	restarts atomic.Uint64
 	// trips are the networked runs and sessions a tripwire can kill.
-	trips tripTargets
+	trips runtime.Targets[*sandbox]
 	// live are the sandboxes this manager holds, by container id.
 	liveMu sync.Mutex
 	live   map[string]*sandbox

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -145,11 +144,7 @@ func (m *ContainerdManager) noteAttempts(s *sandbox, res *runtime.Result, err er
 		return err
 	}
 	res.Attempts = m.watch.take(s)
-	if s.violated.Load() && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-		res.Reason, res.SessionLost, res.TimedOut = runtime.ReasonPolicyViolation, session, false
-		if res.ExitCode == 0 {
-			res.ExitCode = 128 + int(syscall.SIGKILL)
-		}
+	if s.violated.Load() && res.KilledBy(runtime.ReasonPolicyViolation, session, err) {
 		return nil
 	}
 	return err

@@ -442,7 +442,7 @@ func (m *ContainerdManager) run(ctx context.Context, req runtime.Request) (runti
 	startRun := time.Now()
 	var files map[string][]byte
 	if networked {
-		forget := m.watchTrips(req.RunID, s)
+		forget := m.trips.Arm(req.RunID, s)
 		unregister := m.o.Proxy.Register(s.att.IP, req.RunID, *req.Egress)
 		s.onDestroy(func(context.Context) { unregister(); forget() })
 		files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)

@@ -63,7 +63,7 @@ func (m *ContainerdManager) OpenSession(ctx context.Context, o runtime.SessionOp
 		}
 	}()
 	if networked {
-		forget := m.watchTrips(o.ID, s)
+		forget := m.trips.Arm(o.ID, s)
 		unregister := m.o.Proxy.Register(s.att.IP, o.ID, *o.Egress)
 		s.onDestroy(func(context.Context) { unregister(); forget() })
 		ss.files = runtime.ProxyFiles(m.proxyURL(), m.o.CABundle)
