@@ -266,3 +266,60 @@ describe('2.x client over streamable HTTP, with the 1.x SDK beside it', { timeou
     await assertNoLeftovers({ instanceId: d.instanceId });
   }));
 });
+
+describe('2.x client: approval through a multi round-trip input request (streamable HTTP, stateless)', { timeout: 10 * 60_000 }, () => {
+  let d, c;
+  const wire = [];
+  const user = { shown: [], next: { action: 'decline' } };
+  const w = (fn) => async (t) => d.wrap(fn)(t);
+
+  before(async () => {
+    d = await startDaemon('client2-http-approval', { approval: { mode: 'always', timeout: '4s', console: { listen: '' } } });
+    const token = await d.addToken('carol');
+    c = await d.client2(token, {
+      options: AUTO,
+      onElicit: async (req) => {
+        user.shown.push(req.params.message);
+        return user.next;
+      },
+      onRequest: (url, init) => wire.push({ method: init.method, body: init.body }),
+    });
+  });
+  after(async () => {
+    await c?.close();
+    const e = await d?.stop();
+    assert.equal(e?.code, 0, `daemon exit ${JSON.stringify(e)}`);
+  });
+
+  /** The tools/call requests the client posted from index `from` on. */
+  const callsSince = (from) => wire.slice(from).filter((x) => x.method === 'POST')
+    .map((x) => JSON.parse(x.body)).filter((m) => m.method === 'tools/call');
+
+  test('accept: the answer comes back on a second POST with the request state, and the code runs', w(async () => {
+    assert.equal(c.getNegotiatedProtocolVersion(), MODERN);
+    user.next = { action: 'accept', content: { approve: true } };
+    const shown = user.shown.length;
+    const sent = wire.length;
+    const r = await callWith2(c, 'run_python', { code: "print('http-' + 'approved')" });
+    assert.equal(r.isError, false, r.text);
+    assert.equal(r.sc.stdout, 'http-approved\n');
+    assert.equal(user.shown.length, shown + 1, 'the user was asked once');
+    assert.match(user.shown.at(-1), /print\('http-' \+ 'approved'\)/);
+    const calls = callsSince(sent);
+    assert.equal(calls.length, 2, `tools/call requests: ${JSON.stringify(calls)}`);
+    assert.equal(calls[0].params.inputResponses, undefined);
+    assert.deepEqual(calls[1].params.inputResponses?.airlock_approval, { action: 'accept', content: { approve: true } });
+    assert.ok(calls[1].params.requestState, 'the retry carries the request state');
+  }));
+
+  test('decline: "Not run", no run result, no sandbox', w(async () => {
+    user.next = { action: 'decline' };
+    const shown = user.shown.length;
+    const r = await callWith2(c, 'run_shell', { command: 'echo should-not-run' });
+    assert.equal(user.shown.length, shown + 1, 'the user was asked once');
+    assert.equal(r.isError, true, r.text);
+    assert.match(r.text, /^Not run:/);
+    assert.equal(r.sc, undefined, 'a denial has no run result');
+    await assertNoLeftovers({ instanceId: d.instanceId });
+  }));
+});
