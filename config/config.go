@@ -87,8 +87,8 @@ type PoolConfig struct {
 	// Preload are the Python modules a warm sandbox has imported already.
 	Preload []string `mapstructure:"preload"`
 	// Restore makes warm sandboxes, and cold ones with the default
-	// limits, by restoring a checkpoint of a warm one (one per network
-	// mode) instead of booting (local backend, runc shim).
+	// limits and no network, by restoring a checkpoint of a warm one
+	// instead of booting (local backend, runc shim).
 	Restore bool `mapstructure:"restore"`
 }
 

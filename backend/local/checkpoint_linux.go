@@ -88,19 +88,12 @@ type restorePoint struct {
 	spec  *specs.Spec
 }
 
-// specFor is the checkpoint's spec for a sandbox in cgroup cgroupsPath and
-// network namespace netnsPath (empty: none of its own). runsc lets both
-// differ from the checkpoint's; everything else must be the same.
-func (rp *restorePoint) specFor(cgroupsPath, netnsPath string) *specs.Spec {
+// specFor is the checkpoint's spec for a sandbox in cgroup cgroupsPath.
+func (rp *restorePoint) specFor(cgroupsPath string) *specs.Spec {
 	b, _ := json.Marshal(rp.spec)
 	var s specs.Spec
 	_ = json.Unmarshal(b, &s)
 	s.Linux.CgroupsPath = cgroupsPath
-	for i, ns := range s.Linux.Namespaces {
-		if ns.Type == specs.NetworkNamespace {
-			s.Linux.Namespaces[i].Path = netnsPath
-		}
-	}
 	return &s
 }
 

@@ -22,7 +22,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -206,17 +205,8 @@ func removeTestNetwork(cfg config.Config, instanceID string) {
 // test internet.
 func netStack(t *testing.T) *boot.Stack {
 	t.Helper()
-	return netStackWith(t, nil)
-}
-
-// netStackWith is netStack with its configuration changed by edit first.
-func netStackWith(t *testing.T, edit func(*config.Config)) *boot.Stack {
-	t.Helper()
 	need(t)
 	cfg := netConfig(testInternet(t))
-	if edit != nil {
-		edit(&cfg)
-	}
 	s, err := boot.Up(context.Background(), cfg, boot.NeedManager, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err != nil {
 		t.Fatal(err)
@@ -582,74 +572,4 @@ func TestEgressTwoInstances(t *testing.T) {
 	if r.Stdout != "403" {
 		t.Errorf("other instance's proxy answered %q, want 403", r.Stdout)
 	}
-}
-
-// Networked sandboxes restored from their own template: each clone has its
-// own address (the sentry takes the namespace's it is restored into), so
-// the proxy knows it by that address and holds it to its own call's
-// policy, not the template's or another clone's.
-func TestEgressOfRestoredSandboxes(t *testing.T) {
-	s := netStackWith(t, func(c *config.Config) { c.Pool.Restore = true })
-	if !local.WaitTemplateFor(s.Manager, true, 3*time.Minute) {
-		t.Fatal("no networked sandbox template within 3 minutes")
-	}
-	const code = `import os, socket, urllib.request
-host, port = os.environ["HTTPS_PROXY"].split("//")[1].rsplit(":", 1)
-c = socket.create_connection((host, int(port)), timeout=10)
-print("addr", c.getsockname()[0])
-c.close()
-for name in ("allowed.test", "a.wild.test"):
-    try:
-        print(name, urllib.request.urlopen("http://%s/hello.txt" % name, timeout=10).read().decode().strip())
-    except Exception as e:
-        print(name, "refused", type(e).__name__)
-`
-	const n = 4
-	results := make([]runtime.Result, n)
-	allowed := func(i int) (string, string) {
-		if i%2 == 0 {
-			return "allowed.test", "a.wild.test"
-		}
-		return "a.wild.test", "allowed.test"
-	}
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			mine, _ := allowed(i)
-			pol, err := s.Egress.Narrow([]string{mine})
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			results[i], err = s.Manager.Run(context.Background(), runtime.Request{Language: runtime.Python, Code: code, Limits: s.Config.Limits.RunLimits(0), Egress: &pol, Trace: true})
-			if err != nil {
-				t.Errorf("run %d: %v", i, err)
-			}
-		}()
-	}
-	wg.Wait()
-	addrs := map[string]int{}
-	for i, r := range results {
-		if _, ok := r.Timings["create.attached"]; !ok {
-			t.Errorf("run %d was not restored (timings %v)", i, r.Timings)
-		}
-		mine, other := allowed(i)
-		if !strings.Contains(r.Stdout, mine+" hello from the test internet") {
-			t.Errorf("run %d did not reach its allowed %s: %q %q", i, mine, r.Stdout, r.Stderr)
-		}
-		if strings.Contains(r.Stdout, other+" hello from") || !hasDenial(r, other, egress.ReasonNotAllowed) {
-			t.Errorf("run %d was not held to its own policy for %s: %q, denials %+v", i, other, r.Stdout, r.EgressDenied)
-		}
-		for _, line := range strings.Split(r.Stdout, "\n") {
-			if a, ok := strings.CutPrefix(line, "addr "); ok {
-				addrs[a]++
-			}
-		}
-	}
-	if len(addrs) != n {
-		t.Errorf("the restored sandboxes' addresses are not one each: %v", addrs)
-	}
-	assertNoSandboxes(t, s)
 }

@@ -25,14 +25,9 @@ func SetCheckpointBytes(m *ContainerdManager, n int64) int64 {
 // WaitTemplate waits until m has a sandbox template to restore from, and
 // reports whether it has one.
 func WaitTemplate(m *ContainerdManager, d time.Duration) bool {
-	return WaitTemplateFor(m, false, d)
-}
-
-// WaitTemplateFor is WaitTemplate for a network mode.
-func WaitTemplateFor(m *ContainerdManager, networked bool, d time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	return m.waitTemplate(ctx, networked) == nil && m.templateFor(networked, m.o.PoolLimits) != nil
+	return m.WaitTemplate(ctx) == nil && m.templateFor(false, m.o.PoolLimits) != nil
 }
 
 // Restored is how many sandboxes m restored from its templates.
@@ -42,9 +37,8 @@ func Restored(m *ContainerdManager) int64 { return m.tmpl.restored.Load() }
 func TemplateImage(m *ContainerdManager) string {
 	m.tmpl.mu.Lock()
 	defer m.tmpl.mu.Unlock()
-	t := m.tmpl.modes[networkIndex(false)].t
-	if t == nil {
+	if m.tmpl.t == nil {
 		return ""
 	}
-	return t.dir + "/" + imageDirName
+	return m.tmpl.t.dir + "/" + imageDirName
 }

@@ -135,9 +135,9 @@ func (m *ContainerdManager) build(ctx context.Context, sid string, preload, netw
 	}
 	var taskOpts []containerd.NewTaskOpts
 	if from != nil {
-		// runsc restores only into the spec it checkpointed; the cgroup and
-		// the network namespace are this sandbox's own.
-		spec = from.specFor(policy.CgroupsPath, policy.NetNSPath)
+		// runsc restores only into the spec it checkpointed; the cgroup is
+		// the one thing that is this sandbox's own.
+		spec = from.specFor(policy.CgroupsPath)
 		taskOpts = append(taskOpts, containerd.WithRestoreImagePath(from.image))
 	}
 	s.spec = spec

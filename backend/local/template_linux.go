@@ -21,15 +21,7 @@ import (
 // runsc restore in place of runsc create + start + Python's imports. A
 // restored driver is asked for its Hello (attach), which also has the
 // worker reseed its random generators, so no two clones draw the same
-// numbers.
-//
-// Networked sandboxes have a template of their own (runsc restores only
-// into the network mode it checkpointed), made in a network namespace of
-// its own. A clone is restored into its own namespace: on restore the
-// sentry rebuilds its interfaces, addresses and routes from the namespace
-// it runs in (runsc's setupNetwork, then the kernel's ConfigureNetwork), so
-// each clone has its own address, the one the proxy knows it by. The
-// template holds no connection when checkpointed.
+// numbers. Networked sandboxes still boot: a template has no network.
 //
 // The template lives under TemplatesDir/<instance> and goes with the
 // instance; it is made again after a restart, and after any restore from
@@ -40,35 +32,20 @@ func TemplatesDir(stateDir string) string { return filepath.Join(stateDir, "temp
 
 // template is a checkpoint sandboxes are restored from.
 type template struct {
-	dir       string
-	mf        *manifest
-	networked bool
+	dir string
+	mf  *manifest
 }
 
-// templates makes and hands out the manager's templates, one per network
-// mode.
+// templates makes and hands out the manager's template.
 type templates struct {
-	mu    sync.Mutex
-	modes [2]templateSlot // by networkIndex
-	// restored counts sandboxes restored from templates.
-	restored atomic.Int64
-}
-
-// templateSlot is one network mode's template, or the making of it.
-type templateSlot struct {
+	mu     sync.Mutex
 	t      *template
 	making bool
 	// failures counts templates that could not be made in a row: making
 	// stops after a few, and sandboxes boot.
 	failures int
-}
-
-// networkIndex is a network mode's index in templates.modes.
-func networkIndex(networked bool) int {
-	if networked {
-		return 1
-	}
-	return 0
+	// restored counts sandboxes restored from templates.
+	restored atomic.Int64
 }
 
 // templateMaxFailures stops template making after this many failures.
@@ -79,20 +56,19 @@ func (m *ContainerdManager) restores() bool {
 	return m.o.Restore && m.o.Shim == ShimRunc && m.o.PoolLimits.MemoryBytes > 0
 }
 
-// templateFor returns the template a sandbox with these limits and network
-// mode may be restored from, or nil; with none yet, it starts making one.
+// templateFor returns the template a sandbox with these limits may be
+// restored from, or nil; with none yet, it starts making one.
 func (m *ContainerdManager) templateFor(networked bool, lim runtime.Limits) *template {
-	if !m.restores() || networked && m.o.Network == nil || !m.o.PoolLimits.SameSandbox(lim) {
+	if !m.restores() || networked || !m.o.PoolLimits.SameSandbox(lim) {
 		return nil
 	}
 	m.tmpl.mu.Lock()
 	defer m.tmpl.mu.Unlock()
-	slot := &m.tmpl.modes[networkIndex(networked)]
-	if slot.t == nil && !slot.making && slot.failures < templateMaxFailures {
-		slot.making = true
-		go m.makeTemplate(networked)
+	if m.tmpl.t == nil && !m.tmpl.making && m.tmpl.failures < templateMaxFailures {
+		m.tmpl.making = true
+		go m.makeTemplate()
 	}
-	return slot.t
+	return m.tmpl.t
 }
 
 // templateDir is this instance's template directory.
@@ -100,24 +76,23 @@ func (m *ContainerdManager) templateDir() string {
 	return filepath.Join(TemplatesDir(m.o.StateDir), m.o.InstanceID)
 }
 
-// makeTemplate boots a warm sandbox of the network mode, checkpoints it
-// as that mode's template, and destroys it.
-func (m *ContainerdManager) makeTemplate(networked bool) {
-	t, err := m.buildTemplate(networked)
+// makeTemplate boots a warm sandbox, checkpoints it as the template, and
+// destroys it.
+func (m *ContainerdManager) makeTemplate() {
+	t, err := m.buildTemplate()
 	m.tmpl.mu.Lock()
 	defer m.tmpl.mu.Unlock()
-	slot := &m.tmpl.modes[networkIndex(networked)]
-	slot.making = false
+	m.tmpl.making = false
 	if err != nil {
-		slot.failures++
-		m.o.Log.Warn("sandbox template not made; sandboxes boot meanwhile", "networked", networked, "err", err, "failures", slot.failures)
+		m.tmpl.failures++
+		m.o.Log.Warn("sandbox template not made; sandboxes boot meanwhile", "err", err, "failures", m.tmpl.failures)
 		return
 	}
-	slot.failures = 0
-	slot.t = t
+	m.tmpl.failures = 0
+	m.tmpl.t = t
 }
 
-func (m *ContainerdManager) buildTemplate(networked bool) (*template, error) {
+func (m *ContainerdManager) buildTemplate() (*template, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), warmTimeout)
 	defer cancel()
 	start := time.Now()
@@ -125,7 +100,7 @@ func (m *ContainerdManager) buildTemplate(networked bool) (*template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hash runsc: %w", err)
 	}
-	s, err := m.create(ctx, "t"+runtime.NewRunID()[1:], true, networked, m.o.PoolLimits)
+	s, err := m.create(ctx, "t"+runtime.NewRunID()[1:], true, false, m.o.PoolLimits)
 	if err != nil {
 		return nil, err
 	}
@@ -147,16 +122,16 @@ func (m *ContainerdManager) buildTemplate(networked bool) (*template, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	m.o.Log.Info("sandbox template made", "networked", networked, "bytes", mf.bytes(), "took", time.Since(start))
-	return &template{dir: dir, mf: mf, networked: networked}, nil
+	m.o.Log.Info("sandbox template made", "bytes", mf.bytes(), "took", time.Since(start))
+	return &template{dir: dir, mf: mf}, nil
 }
 
 // dropTemplate forgets t after a restore from it failed, and deletes it:
 // the next sandbox boots and a new template is made.
 func (m *ContainerdManager) dropTemplate(t *template, why error) {
 	m.tmpl.mu.Lock()
-	if slot := &m.tmpl.modes[networkIndex(t.networked)]; slot.t == t {
-		slot.t = nil
+	if m.tmpl.t == t {
+		m.tmpl.t = nil
 	}
 	m.tmpl.mu.Unlock()
 	m.o.Log.Warn("restore from the sandbox template failed; it is made again", "err", why)
@@ -167,7 +142,7 @@ func (m *ContainerdManager) dropTemplate(t *template, why error) {
 // waits for its driver. On failure the template is dropped, and the caller
 // boots instead.
 func (m *ContainerdManager) restoreWarm(ctx context.Context, t *template, sid string, pooled bool, lim runtime.Limits) (*sandbox, error) {
-	s, err := m.build(ctx, sid, pooled, t.networked, lim, &restorePoint{image: filepath.Join(t.dir, imageDirName), spec: t.mf.Spec})
+	s, err := m.build(ctx, sid, pooled, false, lim, &restorePoint{image: filepath.Join(t.dir, imageDirName), spec: t.mf.Spec})
 	if err == nil {
 		var h driver.Hello
 		// Restored is sent before the attach: the worker reseeds and
@@ -204,22 +179,15 @@ func (m *ContainerdManager) removeTemplates() error {
 	return nil
 }
 
-// WaitTemplate waits until sandboxes without network are restored from a
-// template: at once when restores are off, with an error when the template
-// cannot be made.
+// WaitTemplate waits until sandboxes are restored from a template: at once
+// when restores are off, with an error when the template cannot be made.
 func (m *ContainerdManager) WaitTemplate(ctx context.Context) error {
-	return m.waitTemplate(ctx, false)
-}
-
-// waitTemplate is WaitTemplate for a network mode; for networked
-// sandboxes on a manager without a network it returns at once.
-func (m *ContainerdManager) waitTemplate(ctx context.Context, networked bool) error {
 	for {
-		if !m.restores() || networked && m.o.Network == nil || m.templateFor(networked, m.o.PoolLimits) != nil {
+		if !m.restores() || m.templateFor(false, m.o.PoolLimits) != nil {
 			return nil
 		}
 		m.tmpl.mu.Lock()
-		failed := m.tmpl.modes[networkIndex(networked)].failures >= templateMaxFailures
+		failed := m.tmpl.failures >= templateMaxFailures
 		m.tmpl.mu.Unlock()
 		if failed {
 			return errors.New("the sandbox template could not be made")
